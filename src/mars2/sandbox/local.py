@@ -1,0 +1,233 @@
+"""`LocalSandbox`: the embedded default, a pool of pre-started worker processes on this machine."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import select
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mars2.sandbox.base import Job, JobResult, Sandbox, Verdict, results_from_rows
+
+log = logging.getLogger(__name__)
+_SRC_DIR = str(Path(__file__).resolve().parents[2])
+
+
+class WorkerCrashed(RuntimeError):
+    """The worker process died or stopped answering."""
+
+
+class _WorkerHandle:
+    """One worker subprocess and the line protocol to it."""
+
+    def __init__(self, config: dict[str, Any], wrapper: list[str]) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = _SRC_DIR + os.pathsep + env.get("PYTHONPATH", "")
+        env["PYTHONHASHSEED"] = "0"  # set iteration order, and so printed output, is reproducible
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        command = [*wrapper, sys.executable, "-m", "mars2.sandbox.worker", json.dumps(config)]
+        self.proc = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+        self._buffer = b""
+        hello = self._read_line(timeout=60.0)
+        self.isolation: dict[str, Any] = hello.get("isolation", {})
+        self.scratch_root: str | None = hello.get("scratch_root")
+
+    def _read_line(self, timeout: float) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WorkerCrashed("worker did not answer in time")
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                raise WorkerCrashed(f"worker exited (code {self.proc.poll()})")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def request(self, payload: dict[str, Any], timeout: float) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps(payload).encode() + b"\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError) as err:
+            raise WorkerCrashed(f"worker pipe closed: {err}") from err
+        return self._read_line(timeout)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.close()
+                self.proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        # The scratch directory is a mount point in the worker's own namespace; once the worker
+        # is gone, the empty directory is left in ours.
+        if self.scratch_root:
+            shutil.rmtree(self.scratch_root, ignore_errors=True)
+            self.scratch_root = None
+
+
+class LocalSandbox(Sandbox):
+    """Runs jobs in child processes forked from pre-started workers, under per-job limits.
+
+    Each job gets a fresh temporary directory, a per-test timeout (SIGALRM in the child, enforced
+    again from outside for code that blocks signals) and a whole-job timeout, RLIMIT_AS / CPU /
+    NPROC / FSIZE, capped stdout and stderr, and no network where the OS allows (new network
+    namespace as root). As root the workers also get a read-only view of the filesystem outside
+    their scratch directory and a dedicated uid each (so the fork limit really applies). Not a
+    security boundary against a determined attacker. `wrapper="bwrap"` starts workers inside
+    bubblewrap when it is installed.
+    """
+
+    def __init__(
+        self,
+        num_workers: int | None = None,
+        per_test_timeout: float = 6.0,
+        job_timeout: float = 60.0,
+        memory_mb: int = 2048,
+        max_processes: int = 4,
+        file_size_mb: int = 16,
+        output_limit_mb: float = 1.0,
+        allow_network: bool = False,
+        readonly_root: bool = True,
+        dedicated_uids: bool = True,
+        base_uid: int = 61000,
+        scratch_dir: str | None = None,
+        wrapper: str = "none",
+    ) -> None:
+        if per_test_timeout <= 0 or job_timeout <= 0:
+            raise ValueError("timeouts must be positive")
+        if memory_mb < 64:
+            raise ValueError("memory_mb below 64 leaves no room for the interpreter")
+        self.num_workers = num_workers or max(1, os.cpu_count() or 1)
+        self.defaults = {
+            "per_test_timeout": per_test_timeout,
+            "job_timeout": job_timeout,
+            "output_limit": int(output_limit_mb * (1 << 20)),
+        }
+        self._wrapper = self._wrapper_command(wrapper, scratch_dir)
+        self._config_base: dict[str, Any] = {
+            **self.defaults,
+            "memory_mb": memory_mb,
+            "max_processes": max_processes,
+            "file_size_mb": file_size_mb,
+            "allow_network": allow_network,
+            "readonly_root": readonly_root and wrapper == "none",
+            "scratch_dir": scratch_dir,
+            "grace": 1.0,
+        }
+        self._dedicated_uids = dedicated_uids
+        self._base_uid = base_uid
+        self._workers: list[_WorkerHandle | None] = [None] * self.num_workers
+        self._locks = [threading.Lock() for _ in range(self.num_workers)]
+        self._warned = False
+        for index in range(self.num_workers):
+            self._start_worker(index)
+
+    @staticmethod
+    def _wrapper_command(wrapper: str, scratch_dir: str | None) -> list[str]:
+        if wrapper == "none":
+            return []
+        if wrapper != "bwrap":
+            raise ValueError(f"unknown sandbox wrapper {wrapper!r}: use 'none' or 'bwrap'")
+        binary = shutil.which("bwrap")
+        if binary is None:
+            raise FileNotFoundError("wrapper='bwrap' but bubblewrap is not installed")
+        scratch = scratch_dir or "/tmp"
+        return [binary, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+                "--bind", scratch, scratch, "--unshare-net", "--unshare-pid", "--die-with-parent"]  # fmt: skip
+
+    def _start_worker(self, index: int) -> _WorkerHandle:
+        config = dict(self._config_base)
+        config["sandbox_uid"] = self._base_uid + index if self._dedicated_uids else None
+        handle = _WorkerHandle(config, self._wrapper)
+        missing = handle.isolation.get("missing") or []
+        if missing and not self._warned:
+            log.warning("sandbox isolation is partial on this machine: %s", "; ".join(missing))
+            self._warned = True
+        self._workers[index] = handle
+        return handle
+
+    @property
+    def isolation(self) -> dict[str, Any]:
+        """What the first worker managed to set up (network, read-only root, uid, what is missing)."""
+        handle = self._workers[0]
+        return dict(handle.isolation) if handle else {}
+
+    def _run_on(self, index: int, job: Job) -> JobResult:
+        payload = job.payload(self.defaults)
+        timeout = float(payload["job_timeout"]) + 10.0
+        for attempt in range(2):
+            handle = self._workers[index] or self._start_worker(index)
+            try:
+                reply = handle.request(payload, timeout)
+            except WorkerCrashed as err:
+                log.warning("sandbox worker %d failed (%s); restarting it", index, err)
+                handle.proc.kill()
+                handle.close()
+                self._workers[index] = None
+                if attempt == 1:
+                    return JobResult.failed(len(job.tests), Verdict.RUNTIME_ERROR, f"sandbox worker crashed: {err}")
+                continue
+            if "error" in reply:
+                return JobResult.failed(len(job.tests), Verdict.RUNTIME_ERROR, f"sandbox error: {reply['error']}")
+            return results_from_rows(reply["results"], len(job.tests), "not reported by the sandbox")
+        raise AssertionError("unreachable")
+
+    def run_batch(self, jobs: Sequence[Job]) -> list[JobResult]:
+        results: list[JobResult | None] = [None] * len(jobs)
+        pending: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for i in range(len(jobs)):
+            pending.put(i)
+
+        def serve(index: int) -> None:
+            with self._locks[index]:
+                while True:
+                    try:
+                        job_index = pending.get_nowait()
+                    except queue.Empty:
+                        return
+                    results[job_index] = self._run_on(index, jobs[job_index])
+
+        threads = [threading.Thread(target=serve, args=(i,), daemon=True) for i in range(min(self.num_workers, len(jobs)))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return [r if r is not None else JobResult() for r in results]
+
+    def close(self) -> None:
+        for index, handle in enumerate(self._workers):
+            if handle is not None:
+                handle.close()
+                self._workers[index] = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass

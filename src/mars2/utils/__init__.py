@@ -1,0 +1,1 @@
+"""Small shared helpers: seeding, logging setup and config utilities."""
