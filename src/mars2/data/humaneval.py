@@ -13,10 +13,10 @@ def _public_tests_from_docstring(prompt: str) -> tuple[TestCase, ...]:
     """Turn the prompt's doctest examples into assert-style check sources (shown as feedback)."""
     cases = []
     for example in doctest.DocTestParser().get_examples(prompt):
-        call, want = example.source.strip(), example.want.strip()
         try:
-            ast.parse(call, mode="eval")
-            ast.parse(want, mode="eval")
+            # unparse drops trailing comments, which would swallow the rest of the assert
+            call = ast.unparse(ast.parse(example.source.strip(), mode="eval"))
+            want = ast.unparse(ast.parse(example.want.strip(), mode="eval"))
         except SyntaxError:
             continue
         source = f"def check(candidate):\n    assert ({call}) == ({want}), {call!r}\n"

@@ -1,0 +1,77 @@
+"""Builds the chat messages for fresh solutions and for refinements of an existing node."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mars2.data.problem import Problem, TestKind
+from mars2.generation.base import Messages
+from mars2.search.tree import Node
+
+DEFAULT_SYSTEM = "You are an expert Python programmer. Think briefly, then answer with one ```python code block."
+DEFAULT_FRESH = "{statement}\n{starter}\n{instructions}"
+DEFAULT_REFINE = (
+    "{statement}\n{starter}\n{instructions}\n\n"
+    "A previous attempt:\n```python\n{code}\n```\n{feedback}\n"
+    "Fix it and give the corrected, complete solution."
+)
+INSTRUCTIONS = {
+    TestKind.STDIN: "Read the input from standard input and print the answer to standard output.",
+    TestKind.CALL: "Write the function `{fn_name}` (a top-level function or a method of `class Solution`); it must return the answer.",
+    TestKind.HUMANEVAL: "Complete the function `{fn_name}` and give the whole function.",
+}
+
+
+@dataclass(frozen=True)
+class PromptBuilder:
+    """Prompt templates (from config); fields: statement, starter, instructions, code, feedback."""
+
+    system: str = DEFAULT_SYSTEM
+    fresh: str = DEFAULT_FRESH
+    refine: str = DEFAULT_REFINE
+    max_failures_shown: int = 3
+
+    def _fields(self, problem: Problem) -> dict[str, str]:
+        starter = f"\nStarter code:\n```python\n{problem.starter_code}\n```\n" if problem.starter_code else ""
+        return {
+            "statement": problem.statement.strip(),
+            "starter": starter,
+            "instructions": INSTRUCTIONS[problem.test_kind].format(fn_name=problem.fn_name),
+        }
+
+    def _chat(self, user: str) -> Messages:
+        chat = [{"role": "system", "content": self.system}] if self.system else []
+        return [*chat, {"role": "user", "content": user}]
+
+    def fresh_messages(self, problem: Problem) -> Messages:
+        """Ask for a new solution."""
+        return self._chat(self.fresh.format(**self._fields(problem)))
+
+    def feedback_text(self, node: Node) -> str:
+        """What went wrong with `node`, from its public tests only (private tests never leak)."""
+        if node.code is None:
+            return "It contained no ```python code block that parses."
+        failures = [f for f in node.feedback if f["verdict"] != "passed"]
+        if not failures:
+            return "It passed the visible tests but failed hidden tests; look for edge cases."
+        parts = []
+        for item in failures[: self.max_failures_shown]:
+            text = f"Input:\n{item['input']}\nExpected:\n{item['expected']}\n"
+            if item.get("error"):
+                text += f"Error ({item['verdict']}):\n{item['error']}\n"
+            else:
+                text += f"Got ({item['verdict']}):\n{item['actual']}\n"
+            parts.append(text)
+        more = len(failures) - self.max_failures_shown
+        tail = f"\n(and {more} more failing tests)" if more > 0 else ""
+        return "It failed these tests:\n" + "\n".join(parts) + tail
+
+    def refine_messages(self, problem: Problem, parent: Node) -> Messages:
+        """Ask for a corrected solution given `parent`'s code and its execution feedback."""
+        fields = self._fields(problem)
+        fields.update(code=(parent.code or parent.completion).strip(), feedback=self.feedback_text(parent))
+        return self._chat(self.refine.format(**fields))
+
+    def messages_for(self, problem: Problem, parent: Node) -> Messages:
+        """Fresh prompt under the root, refinement prompt under any other node."""
+        return self.fresh_messages(problem) if parent.is_root else self.refine_messages(problem, parent)

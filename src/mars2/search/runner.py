@@ -1,0 +1,189 @@
+"""The batched rollout driver: grows many trees at once, a round of expansions at a time.
+
+Each round picks up to `expansions_per_round` (node, agent) pairs per unfinished tree, sends every
+agent its whole batch of prompts in one call (vLLM is only fast with large batches), grades all
+completions in one sandbox batch, then attaches and backpropagates the new nodes. The same driver
+runs the baselines: ``mode="independent"`` is vanilla GRPO (G fresh samples per problem, no tree),
+and a team of one agent is a single-agent tree.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Literal, Protocol
+
+import numpy as np
+
+from mars2.data.problem import Problem
+from mars2.generation.base import Generator, Messages
+from mars2.sandbox.grader import Grade
+from mars2.search.policy import AgentStatistics, PolicyConfig, ThompsonPolicy, TreeStats
+from mars2.search.prompts import PromptBuilder
+from mars2.search.tree import ROOT_ID, SearchTree
+
+SearchMode = Literal["tree", "independent"]
+
+
+class GraderLike(Protocol):
+    """Anything that grades (problem, completion) pairs, e.g. `mars2.sandbox.grader.Grader`."""
+
+    def grade(self, items: Sequence[tuple[Problem, str]]) -> list[Grade]: ...
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """Budget and shape of the search."""
+
+    mode: SearchMode = "tree"
+    max_nodes: int = 8
+    expansions_per_round: int = 4
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("tree", "independent"):
+            raise ValueError(f"unknown search mode {self.mode!r}: use 'tree' or 'independent'")
+        if self.max_nodes < 1 or self.expansions_per_round < 1:
+            raise ValueError("max_nodes and expansions_per_round must be >= 1")
+
+
+@dataclass
+class SearchTimings:
+    """Where a `grow` call spent its wall time, in seconds."""
+
+    generation: float = 0.0
+    grading: float = 0.0
+    bookkeeping: float = 0.0
+    rounds: int = 0
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class _Expansion:
+    tree: int
+    parent: int
+    agent: str
+    messages: Messages
+
+
+class TreeSearch:
+    """Grows one tree per problem with a team of generators and a grader."""
+
+    def __init__(
+        self,
+        config: SearchConfig | None = None,
+        prompts: PromptBuilder | None = None,
+        agent_statistics: AgentStatistics | None = None,
+    ) -> None:
+        self.config = config or SearchConfig()
+        self.prompts = prompts or PromptBuilder()
+        self.policy = ThompsonPolicy(self.config.policy)
+        self.agent_statistics = agent_statistics
+        self.timings = SearchTimings()
+
+    def grow(
+        self,
+        problems: Sequence[Problem],
+        generators: Mapping[str, Generator],
+        grader: GraderLike,
+        rng: np.random.Generator,
+        step: int | None = None,
+    ) -> list[SearchTree]:
+        """Grow a tree for every problem until each reaches `max_nodes` (or cannot widen)."""
+        if not generators:
+            raise ValueError("a search needs at least one generator")
+        agents = list(generators)
+        trees = [SearchTree.new(p) for p in problems]
+        stats = [TreeStats(t) for t in trees]
+        self.timings = SearchTimings()
+        while True:
+            began = time.perf_counter()
+            batch = self._plan_round(trees, stats, agents, rng)
+            self.timings.bookkeeping += time.perf_counter() - began
+            if not batch:
+                break
+            self._run_round(batch, trees, stats, generators, grader, step)
+            self.timings.rounds += 1
+        if self.agent_statistics is not None:
+            self.agent_statistics.update(trees)
+        return trees
+
+    def _plan_round(
+        self, trees: list[SearchTree], stats: list[TreeStats], agents: list[str], rng: np.random.Generator
+    ) -> list[_Expansion]:
+        budget = self.config.max_nodes
+        batch: list[_Expansion] = []
+        for index, (tree, tree_stats) in enumerate(zip(trees, stats, strict=True)):
+            if self.config.mode == "independent":
+                if len(tree) == 0:  # one round: G fresh samples, agents taking turns
+                    for k in range(budget):
+                        agent = agents[k % len(agents)]
+                        batch.append(_Expansion(index, ROOT_ID, agent, self.prompts.fresh_messages(tree.problem)))
+                continue
+            for _ in range(self.config.expansions_per_round):
+                if len(tree) + tree_stats.pending_total >= budget:
+                    break
+                pick = self.policy.select(tree, tree_stats, agents, rng, self.agent_statistics)
+                if pick is None:
+                    break
+                parent, agent = pick
+                tree_stats.add_pending(tree, parent, agent)
+                messages = self.prompts.messages_for(tree.problem, tree.nodes[parent])
+                batch.append(_Expansion(index, parent, agent, messages))
+        return batch
+
+    def _run_round(
+        self,
+        batch: list[_Expansion],
+        trees: list[SearchTree],
+        stats: list[TreeStats],
+        generators: Mapping[str, Generator],
+        grader: GraderLike,
+        step: int | None,
+    ) -> None:
+        began = time.perf_counter()
+        completions: list = [None] * len(batch)
+        for agent, generator in generators.items():
+            slots = [i for i, e in enumerate(batch) if e.agent == agent]
+            if not slots:
+                continue
+            outputs = generator.generate([batch[i].messages for i in slots])
+            if len(outputs) != len(slots):
+                raise RuntimeError(f"generator {agent!r} returned {len(outputs)} completions for {len(slots)} prompts")
+            for i, output in zip(slots, outputs, strict=True):
+                completions[i] = output
+        self.timings.generation += time.perf_counter() - began
+
+        began = time.perf_counter()
+        grades = grader.grade([(trees[e.tree].problem, c.text) for e, c in zip(batch, completions, strict=True)])
+        self.timings.grading += time.perf_counter() - began
+
+        began = time.perf_counter()
+        for expansion, completion, grade in zip(batch, completions, grades, strict=True):
+            tree, tree_stats = trees[expansion.tree], stats[expansion.tree]
+            if self.config.mode == "tree":
+                tree_stats.remove_pending(tree, expansion.parent, expansion.agent)
+            node = tree.add(
+                expansion.parent,
+                agent=expansion.agent,
+                messages=expansion.messages,
+                completion=completion.text,
+                prompt_token_ids=completion.prompt_token_ids,
+                token_ids=completion.token_ids,
+                logprobs=completion.logprobs,
+                truncated=completion.truncated,
+                code=grade.code,
+                feedback=[
+                    {"verdict": f.verdict.value, "input": f.input, "expected": f.expected, "actual": f.actual, "error": f.error}
+                    for f in grade.public
+                ],
+                private_passed=grade.private_passed,
+                public_pass_rate=grade.public_pass_rate,
+                reward=grade.reward,
+                step=step,
+            )
+            tree_stats.observe(tree, node.id)
+        self.timings.bookkeeping += time.perf_counter() - began
