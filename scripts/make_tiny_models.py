@@ -1,6 +1,6 @@
 """Build the tiny heterogeneous agents (offline, seeded, idempotent).
 
-    python scripts/make_tiny_models.py --out .cache/tiny_models
+python scripts/make_tiny_models.py --out .cache/tiny_models
 """
 
 from __future__ import annotations
@@ -12,8 +12,12 @@ from mars2.models.tiny import make_tiny_models
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=".cache/tiny_models", help="directory to write the agents to")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--out", default=".cache/tiny_models", help="directory to write the agents to"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--force", action="store_true", help="rebuild even if present")
     args = parser.parse_args()

@@ -36,7 +36,10 @@ def humaneval_problem(row: dict[str, str]) -> Problem:
         private_tests=(TestCase(input=test_source, output=""),),
         starter_code=row["prompt"],
         fn_name=entry,
-        metadata={"source": "humaneval", "canonical_solution": row["prompt"] + row["canonical_solution"]},
+        metadata={
+            "source": "humaneval",
+            "canonical_solution": row["prompt"] + row["canonical_solution"],
+        },
     )
 
 

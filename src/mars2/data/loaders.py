@@ -116,7 +116,9 @@ def decode_lcb_tests(raw: Any, ctx: _RowContext, field_name: str) -> list[dict[s
     return decoded
 
 
-def _lcb_cases(items: list[dict[str, Any]], ctx: _RowContext, field_name: str) -> tuple[TestCase, ...]:
+def _lcb_cases(
+    items: list[dict[str, Any]], ctx: _RowContext, field_name: str
+) -> tuple[TestCase, ...]:
     cases = []
     for index, item in enumerate(items):
         if not isinstance(item, dict) or "input" not in item or "output" not in item:
@@ -216,7 +218,9 @@ def load_livecodebench(
 # --- DeepCoder / MARTI -------------------------------------------------------------------------
 
 
-def load_deepcoder(path: str | Path, num_public: int = 2, limit: int | None = None) -> list[Problem]:
+def load_deepcoder(
+    path: str | Path, num_public: int = 2, limit: int | None = None
+) -> list[Problem]:
     """Read DeepCoder / MARTI-style jsonl: ``prompt`` plus ``label`` = {inputs, outputs, fn_name?}.
 
     Such rows have no public/private split: the first `num_public` tests are shown as feedback and
@@ -249,7 +253,9 @@ def load_deepcoder(path: str | Path, num_public: int = 2, limit: int | None = No
                 cases.append(TestCase(text_in, json.dumps(expected)))
             else:
                 cases.append(TestCase(_as_text(args), _as_text(expected)))
-        problem_id = str(row.get("id") or row.get("problem_id") or f"{Path(ctx.source).stem}-{ctx.line}")
+        problem_id = str(
+            row.get("id") or row.get("problem_id") or f"{Path(ctx.source).stem}-{ctx.line}"
+        )
         return Problem(
             id=problem_id,
             statement=prompt,

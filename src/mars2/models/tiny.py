@@ -63,7 +63,9 @@ def train_tokenizer(spec: TinySpec, sources: list[Path]):  # type: ignore[no-unt
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    texts = [p.read_text(encoding="utf-8", errors="replace") for p in sources[:: spec.corpus_stride]]
+    texts = [
+        p.read_text(encoding="utf-8", errors="replace") for p in sources[:: spec.corpus_stride]
+    ]
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()

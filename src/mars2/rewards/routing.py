@@ -80,6 +80,8 @@ def route_samples(
     for index, tree in enumerate(trees):
         for sample in tree_samples(tree, index, config):
             if sample.agent not in routed:
-                raise KeyError(f"node {sample.node_id} of tree {index} comes from unknown agent {sample.agent!r}")
+                raise KeyError(
+                    f"node {sample.node_id} of tree {index} comes from unknown agent {sample.agent!r}"
+                )
             routed[sample.agent].append(sample)
     return routed

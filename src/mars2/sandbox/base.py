@@ -100,7 +100,9 @@ class JobResult:
         return cls([TestResult(i, verdict, error=error) for i in range(count)])
 
 
-def results_from_rows(rows: Sequence[dict[str, Any] | None], count: int, missing_error: str) -> JobResult:
+def results_from_rows(
+    rows: Sequence[dict[str, Any] | None], count: int, missing_error: str
+) -> JobResult:
     """Turn raw result rows (None where a test was never reported) into a `JobResult`."""
     tests = []
     for index in range(count):

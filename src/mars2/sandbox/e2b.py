@@ -56,7 +56,9 @@ class E2BSandbox(Sandbox):
             try:
                 sdk = importlib.import_module("e2b_code_interpreter")
             except ImportError as err:
-                raise ImportError("E2BSandbox needs the e2b extra: pip install 'mars2[e2b]'") from err
+                raise ImportError(
+                    "E2BSandbox needs the e2b extra: pip install 'mars2[e2b]'"
+                ) from err
         self._sdk = sdk
         self.max_concurrency = max_concurrency
         self.retries = retries
@@ -89,7 +91,7 @@ class E2BSandbox(Sandbox):
     async def _discard(self, remote: Any) -> None:
         try:
             await remote.kill()
-        except Exception as err:  # noqa: BLE001 - already broken; nothing more to do
+        except Exception as err:
             log.debug("killing a broken E2B sandbox failed: %s", err)
 
     async def _run_job(self, job: Job) -> JobResult:
@@ -105,20 +107,28 @@ class E2BSandbox(Sandbox):
                     await remote.files.write(f"{workdir}/harness.py", _HARNESS_SOURCE)
                     await remote.files.write(f"{workdir}/job.json", json.dumps(payload))
                     command = f"cd {workdir} && python3 harness.py job.json; rm -rf {workdir}"
-                    stdout = await self._run_command(remote, command, float(payload["job_timeout"]) + 5)
+                    stdout = await self._run_command(
+                        remote, command, float(payload["job_timeout"]) + 5
+                    )
                     self._idle.put_nowait(remote)
                     rows = parse_result_lines(stdout)
                     by_index: list[dict[str, Any] | None] = [None] * len(job.tests)
                     for row in rows:
                         by_index[int(row["index"])] = row
-                    return results_from_rows(by_index, len(job.tests), "remote run ended before this test")
-                except Exception as err:  # noqa: BLE001 - network and service errors are retried
+                    return results_from_rows(
+                        by_index, len(job.tests), "remote run ended before this test"
+                    )
+                except Exception as err:
                     last_error = f"{type(err).__name__}: {err}"
-                    log.warning("E2B job attempt %d/%d failed: %s", attempt + 1, self.retries, last_error)
+                    log.warning(
+                        "E2B job attempt %d/%d failed: %s", attempt + 1, self.retries, last_error
+                    )
                     if remote is not None:
                         await self._discard(remote)
                     await asyncio.sleep(min(8.0, 0.5 * 2**attempt))
-        return JobResult.failed(len(job.tests), Verdict.RUNTIME_ERROR, f"E2B unavailable: {last_error}")
+        return JobResult.failed(
+            len(job.tests), Verdict.RUNTIME_ERROR, f"E2B unavailable: {last_error}"
+        )
 
     @staticmethod
     async def _run_command(remote: Any, command: str, timeout: float) -> str:

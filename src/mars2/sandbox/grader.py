@@ -58,7 +58,9 @@ class Grade:
 
 def _feedback(tests: Sequence[TestCase], results: Sequence[TestResult]) -> list[TestFeedback]:
     return [
-        TestFeedback(r.verdict, clip(t.input), clip(t.output), clip(r.actual), clip(r.error or r.stderr, 800))
+        TestFeedback(
+            r.verdict, clip(t.input), clip(t.output), clip(r.actual), clip(r.error or r.stderr, 800)
+        )
         for t, r in zip(tests, results, strict=True)
     ]
 
@@ -95,9 +97,13 @@ class Grader:
     def grade(self, items: Sequence[tuple[Problem, str]], with_public: bool = True) -> list[Grade]:
         """Grade (problem, completion) pairs in one sandbox batch."""
         codes = [extract_code(completion) for _, completion in items]
-        return self.grade_code([(p, c) for (p, _), c in zip(items, codes, strict=True)], with_public)
+        return self.grade_code(
+            [(p, c) for (p, _), c in zip(items, codes, strict=True)], with_public
+        )
 
-    def grade_code(self, items: Sequence[tuple[Problem, str | None]], with_public: bool = True) -> list[Grade]:
+    def grade_code(
+        self, items: Sequence[tuple[Problem, str | None]], with_public: bool = True
+    ) -> list[Grade]:
         """Grade already-extracted code (None means the answer had no code)."""
         jobs: list[Job] = []
         slots: list[int] = []

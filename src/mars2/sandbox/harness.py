@@ -16,8 +16,9 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
-from typing import Any, Callable
+from typing import Any
 
 PASSED = "passed"
 WRONG_ANSWER = "wrong_answer"
@@ -206,7 +207,13 @@ def run_tests(
         compiled = compile(code, "<solution>", "exec")
     except (SyntaxError, ValueError, MemoryError) as err:
         for index in range(start, len(tests)):
-            emit({"index": index, "verdict": COMPILE_ERROR, "error": _clip(f"{type(err).__name__}: {err}")})
+            emit(
+                {
+                    "index": index,
+                    "verdict": COMPILE_ERROR,
+                    "error": _clip(f"{type(err).__name__}: {err}"),
+                }
+            )
         return
     os._exit = _fake_exit  # type: ignore[assignment]
     namespace: dict[str, Any] | None = None
@@ -227,7 +234,11 @@ def run_tests(
                         except SystemExit as stop:
                             if stop.code not in (None, 0):
                                 raise RuntimeError(f"exit code {stop.code}") from None
-                        verdict = PASSED if compare_stdout(out.getvalue(), test["output"]) else WRONG_ANSWER
+                        verdict = (
+                            PASSED
+                            if compare_stdout(out.getvalue(), test["output"])
+                            else WRONG_ANSWER
+                        )
                         result["actual"] = _clip(out.getvalue())
                     else:
                         if namespace is None:
@@ -235,9 +246,17 @@ def run_tests(
                             exec(compiled, namespace)
                         assert fn_name is not None
                         if kind == "call":
-                            args = [json.loads(line) for line in test["input"].split("\n") if line.strip()]
+                            args = [
+                                json.loads(line)
+                                for line in test["input"].split("\n")
+                                if line.strip()
+                            ]
                             value = _find_callable(namespace, fn_name)(*args)
-                            verdict = PASSED if compare_call(value, json.loads(test["output"])) else WRONG_ANSWER
+                            verdict = (
+                                PASSED
+                                if compare_call(value, json.loads(test["output"]))
+                                else WRONG_ANSWER
+                            )
                             result["actual"] = _clip(repr(value))
                         else:  # humaneval: the test source defines check(candidate)
                             exec(test["input"], namespace)
@@ -246,7 +265,7 @@ def run_tests(
                 finally:
                     signal.setitimer(signal.ITIMER_REAL, 0)
                     sys.stdout, sys.stderr = real_stdout, real_stderr
-            except BaseException as err:  # noqa: BLE001 - every failure of user code is a verdict
+            except BaseException as err:
                 if isinstance(err, KeyboardInterrupt):
                     raise
                 verdict = _classify(err)

@@ -36,8 +36,14 @@ class IsolationReport:
     missing: list[str] = field(default_factory=list)
 
 
+_LIBC: ctypes.CDLL | None = None
+
+
 def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
+    global _LIBC  # loaded once per process: a fresh CDLL per forked child costs half a millisecond
+    if _LIBC is None:
+        _LIBC = ctypes.CDLL(None, use_errno=True)
+    return _LIBC
 
 
 def _check(result: int, what: str) -> None:
@@ -46,7 +52,9 @@ def _check(result: int, what: str) -> None:
         raise OSError(errno, f"{what}: {os.strerror(errno)}")
 
 
-def isolate_worker(scratch_root: str, network: bool, readonly_root: bool, report: IsolationReport) -> None:
+def isolate_worker(
+    scratch_root: str, network: bool, readonly_root: bool, report: IsolationReport
+) -> None:
     """Move this (worker) process into new mount/net namespaces; children inherit them."""
     if os.geteuid() != 0:
         report.missing.append("namespaces (not root)")
@@ -66,7 +74,9 @@ def isolate_worker(scratch_root: str, network: bool, readonly_root: bool, report
             root, scratch = b"/", scratch_root.encode()
             _check(libc.mount(None, root, None, MS_REC | MS_PRIVATE, None), "make mounts private")
             _check(libc.mount(scratch, scratch, None, MS_BIND | MS_REC, None), "bind scratch")
-            _check(libc.mount(None, root, None, MS_BIND | MS_REMOUNT | MS_RDONLY, None), "remount / ro")
+            _check(
+                libc.mount(None, root, None, MS_BIND | MS_REMOUNT | MS_RDONLY, None), "remount / ro"
+            )
             report.readonly_root = True
         except OSError as err:
             report.missing.append(f"read-only root ({err})")
@@ -77,24 +87,36 @@ class _CapHeader(ctypes.Structure):
 
 
 class _CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
 
 
-def drop_to_uid(uid: int) -> None:
-    """Become `uid` (so RLIMIT_NPROC applies), keeping only the right to read files.
+class UidDropper:
+    """Becomes `uid` in a forked child (so RLIMIT_NPROC applies), keeping only the right to read.
 
     Reading stays allowed because the interpreter and its libraries may live in a directory only
-    root can read (for example a pyenv under /root), and user code imports lazily.
+    root can read (for example a pyenv under /root), and user code imports lazily. The ctypes
+    arguments are built once in the worker: building them in every child costs more than the call.
     """
-    libc = _libc()
-    _check(libc.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0), "prctl keepcaps")
-    os.setgroups([])
-    os.setgid(uid)
-    os.setuid(uid)
-    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
-    data = (_CapData * 2)()
-    data[0].effective = data[0].permitted = 1 << CAP_DAC_READ_SEARCH
-    _check(libc.capset(ctypes.byref(header), ctypes.byref(data)), "capset")
+
+    def __init__(self, uid: int) -> None:
+        self.uid = uid
+        self._libc = _libc()
+        self._header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+        self._data = (_CapData * 2)()
+        self._data[0].effective = self._data[0].permitted = 1 << CAP_DAC_READ_SEARCH
+        self._header_ref = ctypes.byref(self._header)
+        self._data_ref = ctypes.byref(self._data)
+
+    def drop(self) -> None:
+        _check(self._libc.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0), "prctl keepcaps")
+        os.setgroups([])
+        os.setgid(self.uid)
+        os.setuid(self.uid)
+        _check(self._libc.capset(self._header_ref, self._data_ref), "capset")
 
 
 def _count_tasks_of(uid: int) -> int:
@@ -109,7 +131,9 @@ def _count_tasks_of(uid: int) -> int:
     return count
 
 
-def apply_limits(memory_bytes: int, cpu_seconds: int, max_processes: int, file_bytes: int, dedicated_uid: bool) -> None:
+def apply_limits(
+    memory_bytes: int, cpu_seconds: int, max_processes: int, file_bytes: int, dedicated_uid: bool
+) -> None:
     """Set the rlimits of the calling (child) process."""
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))
@@ -121,13 +145,65 @@ def apply_limits(memory_bytes: int, cpu_seconds: int, max_processes: int, file_b
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails instead of killing
 
 
-def kill_all_of_uid(uid: int) -> None:
-    """Kill every process running as `uid` (escaped grandchildren included), from a short-lived fork."""
-    pid = os.fork()
-    if pid == 0:
+class Reaper:
+    """A helper process running as `uid` that kills every other process of that uid on request.
+
+    ``kill(-1, SIGKILL)`` from a process of uid X reaches all of X's processes but the caller, so
+    children that escaped their process group (setsid, double fork) die too. It lives across jobs
+    because forking one per job costs more than the job; if user code kills it, it is restarted.
+    """
+
+    def __init__(self, uid: int) -> None:
+        self.uid = uid
+        self.pid = 0
+        self._start()
+
+    def _start(self) -> None:
+        request_r, self._request_w = os.pipe()
+        self._reply_r, reply_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(self._request_w)
+                os.close(self._reply_r)
+                os.setsid()
+                os.setuid(self.uid)
+                while os.read(request_r, 1):
+                    try:
+                        os.kill(-1, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    os.write(reply_w, b"k")
+            finally:
+                os._exit(0)
+        os.close(request_r)
+        os.close(reply_w)
+        self.pid = pid
+
+    def _stop(self) -> None:
+        for fd in (self._request_w, self._reply_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
         try:
-            os.setuid(uid)
-            os.kill(-1, signal.SIGKILL)
-        finally:
-            os._exit(0)
-    os.waitpid(pid, 0)
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        except (OSError, ChildProcessError):
+            pass
+
+    def reap(self) -> None:
+        """Kill every process of the uid; returns once done."""
+        for _ in range(2):
+            try:
+                os.write(self._request_w, b"x")
+                if os.read(self._reply_r, 1) == b"k":
+                    return
+            except OSError:
+                pass
+            self._stop()  # killed by the code it guards: start a new one and try again
+            self._start()
+        raise RuntimeError("sandbox reaper could not be restarted")
+
+    def close(self) -> None:
+        self._stop()

@@ -191,11 +191,17 @@ class LocalSandbox(Sandbox):
                 handle.close()
                 self._workers[index] = None
                 if attempt == 1:
-                    return JobResult.failed(len(job.tests), Verdict.RUNTIME_ERROR, f"sandbox worker crashed: {err}")
+                    return JobResult.failed(
+                        len(job.tests), Verdict.RUNTIME_ERROR, f"sandbox worker crashed: {err}"
+                    )
                 continue
             if "error" in reply:
-                return JobResult.failed(len(job.tests), Verdict.RUNTIME_ERROR, f"sandbox error: {reply['error']}")
-            return results_from_rows(reply["results"], len(job.tests), "not reported by the sandbox")
+                return JobResult.failed(
+                    len(job.tests), Verdict.RUNTIME_ERROR, f"sandbox error: {reply['error']}"
+                )
+            return results_from_rows(
+                reply["results"], len(job.tests), "not reported by the sandbox"
+            )
         raise AssertionError("unreachable")
 
     def run_batch(self, jobs: Sequence[Job]) -> list[JobResult]:
@@ -213,7 +219,10 @@ class LocalSandbox(Sandbox):
                         return
                     results[job_index] = self._run_on(index, jobs[job_index])
 
-        threads = [threading.Thread(target=serve, args=(i,), daemon=True) for i in range(min(self.num_workers, len(jobs)))]
+        threads = [
+            threading.Thread(target=serve, args=(i,), daemon=True)
+            for i in range(min(self.num_workers, len(jobs)))
+        ]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -229,5 +238,5 @@ class LocalSandbox(Sandbox):
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
+        except Exception:
             pass

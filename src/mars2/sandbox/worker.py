@@ -8,6 +8,7 @@ pipe, so the worker keeps what finished when the child hangs or dies and restart
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import select
@@ -21,10 +22,10 @@ from typing import Any
 from mars2.sandbox import harness
 from mars2.sandbox.isolation import (
     IsolationReport,
+    Reaper,
+    UidDropper,
     apply_limits,
-    drop_to_uid,
     isolate_worker,
-    kill_all_of_uid,
 )
 
 # Preload what solutions commonly import, so a child forks with it already in memory.
@@ -42,17 +43,47 @@ class Worker:
         self.report = IsolationReport()
         self.scratch_root = tempfile.mkdtemp(prefix="mars2-sandbox-", dir=config.get("scratch_dir"))
         os.chmod(self.scratch_root, 0o711)
-        isolate_worker(self.scratch_root, config["allow_network"], config["readonly_root"], self.report)
+        isolate_worker(
+            self.scratch_root, config["allow_network"], config["readonly_root"], self.report
+        )
         uid = config.get("sandbox_uid")
         self.uid: int | None = uid if (uid is not None and os.geteuid() == 0) else None
         if uid is not None and self.uid is None:
             self.report.missing.append("dedicated uid (not root): fork limit shared with this user")
         self.report.sandbox_uid = self.uid
+        self.reaper = Reaper(self.uid) if self.uid is not None else None
+        self.dropper = UidDropper(self.uid) if self.uid is not None else None
         for name in _PRELOAD:
             __import__(name)
+        self.workdir = self._new_workdir()
+        # Objects that exist now are never collected in children, so the collector does not
+        # write to (and copy-on-write fault) the pages they share with this process.
+        gc.freeze()
 
     def close(self) -> None:
+        if self.reaper is not None:
+            self.reaper.close()
         shutil.rmtree(self.scratch_root, ignore_errors=True)
+
+    def _new_workdir(self) -> str:
+        workdir = tempfile.mkdtemp(dir=self.scratch_root)
+        if self.uid is not None:
+            os.chown(workdir, self.uid, self.uid)
+        return workdir
+
+    def _reset_workdir(self) -> None:
+        """Empty the job directory for the next job (cheaper than a new one each time)."""
+        try:
+            with os.scandir(self.workdir) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        shutil.rmtree(entry.path)
+                    else:
+                        os.unlink(entry.path)
+            os.chmod(self.workdir, 0o700)
+        except OSError:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = self._new_workdir()
 
     # -- one job ------------------------------------------------------------------------------
 
@@ -61,25 +92,29 @@ class Worker:
         results: list[dict[str, Any] | None] = [None] * len(tests)
         per_test = float(job.get("per_test_timeout", self.config["per_test_timeout"]))
         deadline = time.monotonic() + float(job.get("job_timeout", self.config["job_timeout"]))
-        workdir = tempfile.mkdtemp(dir=self.scratch_root)
-        if self.uid is not None:
-            os.chown(workdir, self.uid, self.uid)
+        workdir = self.workdir
         next_index = 0
         restarts = 0
         try:
             while next_index < len(tests):
                 if time.monotonic() >= deadline:
                     for i in range(next_index, len(tests)):
-                        results[i] = {"index": i, "verdict": harness.TIMEOUT, "error": "job time limit exceeded"}
+                        results[i] = {
+                            "index": i,
+                            "verdict": harness.TIMEOUT,
+                            "error": "job time limit exceeded",
+                        }
                     break
                 next_index = self._run_child(job, next_index, per_test, deadline, workdir, results)
                 restarts += 1
-                if job.get("early_stop") and any(r and r["verdict"] != harness.PASSED for r in results):
+                if job.get("early_stop") and any(
+                    r and r["verdict"] != harness.PASSED for r in results
+                ):
                     for i in range(next_index, len(tests)):
                         results[i] = results[i] or {"index": i, "verdict": harness.SKIPPED}
                     break
         finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+            self._reset_workdir()
         return {"id": job.get("id"), "results": results, "children": restarts}
 
     def _run_child(
@@ -112,7 +147,7 @@ class Worker:
                     early_stop=bool(job.get("early_stop", False)), scratch=workdir,
                 )  # fmt: skip
                 sink.flush()
-            except BaseException:  # noqa: BLE001 - nothing may escape a forked child
+            except BaseException:
                 pass
             os._exit(0)
         os.close(write_fd)
@@ -127,11 +162,19 @@ class Worker:
             while current < len(job["tests"]):
                 wait = min(per_test + self.config["grace"], deadline - time.monotonic())
                 if wait <= 0:
-                    results[current] = {"index": current, "verdict": harness.TIMEOUT, "error": "time limit exceeded"}
+                    results[current] = {
+                        "index": current,
+                        "verdict": harness.TIMEOUT,
+                        "error": "time limit exceeded",
+                    }
                     return current + 1
                 ready, _, _ = select.select([read_fd], [], [], wait)
                 if not ready:  # hung beyond SIGALRM's reach (C code, blocked signals)
-                    results[current] = {"index": current, "verdict": harness.TIMEOUT, "error": "time limit exceeded"}
+                    results[current] = {
+                        "index": current,
+                        "verdict": harness.TIMEOUT,
+                        "error": "time limit exceeded",
+                    }
                     return current + 1
                 chunk = os.read(read_fd, 1 << 16)
                 if not chunk:  # EOF: the child is gone
@@ -161,8 +204,8 @@ class Worker:
         log = os.open(os.path.join(workdir, ".out"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(log, 1)
         os.dup2(log, 2)
-        if self.uid is not None:
-            drop_to_uid(self.uid)
+        if self.dropper is not None:
+            self.dropper.drop()
         apply_limits(
             memory_bytes=int(self.config["memory_mb"]) << 20,
             cpu_seconds=cpu_seconds,
@@ -177,17 +220,25 @@ class Worker:
             sig = os.WTERMSIG(status)
             name = signal.Signals(sig).name
             if sig == signal.SIGXCPU:  # RLIMIT_CPU ran out
-                return {"index": index, "verdict": harness.TIMEOUT, "error": "CPU time limit exceeded"}
+                return {
+                    "index": index,
+                    "verdict": harness.TIMEOUT,
+                    "error": "CPU time limit exceeded",
+                }
             return {"index": index, "verdict": harness.RUNTIME_ERROR, "error": f"killed by {name}"}
-        return {"index": index, "verdict": harness.RUNTIME_ERROR, "error": f"process exited with code {os.WEXITSTATUS(status)}"}
+        return {
+            "index": index,
+            "verdict": harness.RUNTIME_ERROR,
+            "error": f"process exited with code {os.WEXITSTATUS(status)}",
+        }
 
     def _kill(self, pid: int, reap: bool) -> None:
         try:
             os.killpg(pid, signal.SIGKILL)
         except OSError:
             pass
-        if self.uid is not None:
-            kill_all_of_uid(self.uid)
+        if self.reaper is not None:
+            self.reaper.reap()
         if reap:
             try:
                 os.waitpid(pid, 0)
@@ -201,7 +252,11 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the pool owns our lifetime, not the terminal
     worker = Worker(config)
     out = os.fdopen(os.dup(1), "w", buffering=1)
-    hello = {"ready": True, "isolation": worker.report.__dict__, "scratch_root": worker.scratch_root}
+    hello = {
+        "ready": True,
+        "isolation": worker.report.__dict__,
+        "scratch_root": worker.scratch_root,
+    }
     out.write(json.dumps(hello) + "\n")
     try:
         for line in sys.stdin:
@@ -210,7 +265,7 @@ def main() -> None:
             job = json.loads(line)
             try:
                 reply = worker.run_job(job)
-            except Exception as err:  # noqa: BLE001 - report, keep serving
+            except Exception as err:
                 reply = {"id": job.get("id"), "error": f"{type(err).__name__}: {err}"}
             out.write(json.dumps(reply) + "\n")
     finally:

@@ -136,18 +136,25 @@ class ThompsonPolicy:
         node = tree.nodes[node_id]
         if cfg.max_depth is not None and node.depth >= cfg.max_depth:
             return False
-        if cfg.max_children is not None and len(node.children) + stats.pending_children[node_id] >= cfg.max_children:
+        if (
+            cfg.max_children is not None
+            and len(node.children) + stats.pending_children[node_id] >= cfg.max_children
+        ):
             return False
         return node.is_root or cfg.refine_solved or not node.private_passed
 
-    def _selectable(self, tree: SearchTree, stats: TreeStats, node_id: int, memo: dict[int, bool]) -> bool:
+    def _selectable(
+        self, tree: SearchTree, stats: TreeStats, node_id: int, memo: dict[int, bool]
+    ) -> bool:
         if node_id not in memo:
             memo[node_id] = self.can_widen(tree, stats, node_id) or any(
                 self._selectable(tree, stats, c, memo) for c in tree.nodes[node_id].children
             )
         return memo[node_id]
 
-    def select_node(self, tree: SearchTree, stats: TreeStats, rng: np.random.Generator) -> int | None:
+    def select_node(
+        self, tree: SearchTree, stats: TreeStats, rng: np.random.Generator
+    ) -> int | None:
         """Walk down from the root by Thompson draws; return the node to widen, or None if full."""
         prior = self.config.prior
         memo: dict[int, bool] = {}

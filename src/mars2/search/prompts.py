@@ -8,7 +8,9 @@ from mars2.data.problem import Problem, TestKind
 from mars2.generation.base import Messages
 from mars2.search.tree import Node
 
-DEFAULT_SYSTEM = "You are an expert Python programmer. Think briefly, then answer with one ```python code block."
+DEFAULT_SYSTEM = (
+    "You are an expert Python programmer. Think briefly, then answer with one ```python code block."
+)
 DEFAULT_FRESH = "{statement}\n{starter}\n{instructions}"
 DEFAULT_REFINE = (
     "{statement}\n{starter}\n{instructions}\n\n"
@@ -32,7 +34,11 @@ class PromptBuilder:
     max_failures_shown: int = 3
 
     def _fields(self, problem: Problem) -> dict[str, str]:
-        starter = f"\nStarter code:\n```python\n{problem.starter_code}\n```\n" if problem.starter_code else ""
+        starter = (
+            f"\nStarter code:\n```python\n{problem.starter_code}\n```\n"
+            if problem.starter_code
+            else ""
+        )
         return {
             "statement": problem.statement.strip(),
             "starter": starter,
@@ -69,9 +75,15 @@ class PromptBuilder:
     def refine_messages(self, problem: Problem, parent: Node) -> Messages:
         """Ask for a corrected solution given `parent`'s code and its execution feedback."""
         fields = self._fields(problem)
-        fields.update(code=(parent.code or parent.completion).strip(), feedback=self.feedback_text(parent))
+        fields.update(
+            code=(parent.code or parent.completion).strip(), feedback=self.feedback_text(parent)
+        )
         return self._chat(self.refine.format(**fields))
 
     def messages_for(self, problem: Problem, parent: Node) -> Messages:
         """Fresh prompt under the root, refinement prompt under any other node."""
-        return self.fresh_messages(problem) if parent.is_root else self.refine_messages(problem, parent)
+        return (
+            self.fresh_messages(problem)
+            if parent.is_root
+            else self.refine_messages(problem, parent)
+        )

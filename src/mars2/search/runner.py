@@ -112,7 +112,11 @@ class TreeSearch:
         return trees
 
     def _plan_round(
-        self, trees: list[SearchTree], stats: list[TreeStats], agents: list[str], rng: np.random.Generator
+        self,
+        trees: list[SearchTree],
+        stats: list[TreeStats],
+        agents: list[str],
+        rng: np.random.Generator,
     ) -> list[_Expansion]:
         budget = self.config.max_nodes
         batch: list[_Expansion] = []
@@ -121,7 +125,11 @@ class TreeSearch:
                 if len(tree) == 0:  # one round: G fresh samples, agents taking turns
                     for k in range(budget):
                         agent = agents[k % len(agents)]
-                        batch.append(_Expansion(index, ROOT_ID, agent, self.prompts.fresh_messages(tree.problem)))
+                        batch.append(
+                            _Expansion(
+                                index, ROOT_ID, agent, self.prompts.fresh_messages(tree.problem)
+                            )
+                        )
                 continue
             for _ in range(self.config.expansions_per_round):
                 if len(tree) + tree_stats.pending_total >= budget:
@@ -152,13 +160,17 @@ class TreeSearch:
                 continue
             outputs = generator.generate([batch[i].messages for i in slots])
             if len(outputs) != len(slots):
-                raise RuntimeError(f"generator {agent!r} returned {len(outputs)} completions for {len(slots)} prompts")
+                raise RuntimeError(
+                    f"generator {agent!r} returned {len(outputs)} completions for {len(slots)} prompts"
+                )
             for i, output in zip(slots, outputs, strict=True):
                 completions[i] = output
         self.timings.generation += time.perf_counter() - began
 
         began = time.perf_counter()
-        grades = grader.grade([(trees[e.tree].problem, c.text) for e, c in zip(batch, completions, strict=True)])
+        grades = grader.grade(
+            [(trees[e.tree].problem, c.text) for e, c in zip(batch, completions, strict=True)]
+        )
         self.timings.grading += time.perf_counter() - began
 
         began = time.perf_counter()
@@ -177,7 +189,13 @@ class TreeSearch:
                 truncated=completion.truncated,
                 code=grade.code,
                 feedback=[
-                    {"verdict": f.verdict.value, "input": f.input, "expected": f.expected, "actual": f.actual, "error": f.error}
+                    {
+                        "verdict": f.verdict.value,
+                        "input": f.input,
+                        "expected": f.expected,
+                        "actual": f.actual,
+                        "error": f.error,
+                    }
                     for f in grade.public
                 ],
                 private_passed=grade.private_passed,

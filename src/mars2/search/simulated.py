@@ -38,7 +38,9 @@ def simulated_problems(count: int, prefix: str = "sim") -> list[Problem]:
 class SimulatedAgent:
     """A generator whose answers pass with probability `skill(problem_id)` (higher when refining)."""
 
-    def __init__(self, skill: Callable[[str], float] | float, refine_boost: float = 0.3, seed: int = 0) -> None:
+    def __init__(
+        self, skill: Callable[[str], float] | float, refine_boost: float = 0.3, seed: int = 0
+    ) -> None:
         self.skill = skill if callable(skill) else (lambda _pid, p=float(skill): p)
         self.refine_boost = refine_boost
         self.rng = np.random.default_rng(seed)
@@ -60,7 +62,9 @@ class SimulatedAgent:
         for chat in chats:
             passed = bool(self.rng.random() < self.success_probability(chat))
             quality = 1.0 if passed else float(self.rng.random() * 0.5)
-            text = f"```python\n# outcome: {'pass' if passed else 'fail'} {quality:.3f}\nprint(1)\n```"
+            text = (
+                f"```python\n# outcome: {'pass' if passed else 'fail'} {quality:.3f}\nprint(1)\n```"
+            )
             out.append(Completion(text=text, token_ids=[1, 2, 3], prompt_token_ids=[0]))
         return out
 
@@ -82,6 +86,10 @@ class SimulatedGrader:
             verdict = Verdict.PASSED if passed else Verdict.WRONG_ANSWER
             test = problem.public_tests[0]
             feedback = TestFeedback(verdict, test.input, test.output, "1" if passed else "0", "")
-            reward = 1.0 if passed else (float(match.group(2)) if self.reward == "pass_rate" else 0.0)
-            grades.append(Grade(code=completion, public=[feedback], private=[feedback], reward=reward))
+            reward = (
+                1.0 if passed else (float(match.group(2)) if self.reward == "pass_rate" else 0.0)
+            )
+            grades.append(
+                Grade(code=completion, public=[feedback], private=[feedback], reward=reward)
+            )
         return grades

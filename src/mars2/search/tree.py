@@ -96,7 +96,9 @@ class SearchTree:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SearchTree:
-        return cls(problem=Problem.from_dict(data["problem"]), nodes=[Node(**n) for n in data["nodes"]])
+        return cls(
+            problem=Problem.from_dict(data["problem"]), nodes=[Node(**n) for n in data["nodes"]]
+        )
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), ensure_ascii=False)

@@ -1,0 +1,114 @@
+"""Our search vs TreeQuest's ABMCTSA on the same simulated problems and budget.
+
+Prints solve rate and the wall time of the search bookkeeping (everything but generating and
+grading, which both sides get for free from the simulator), side by side with the ratio
+(targets: solve rate >= TreeQuest's, bookkeeping >= 10x faster).
+
+    python benchmarks/bench_search.py --problems 200 --budget 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import numpy as np
+
+from mars2.search.runner import SearchConfig, TreeSearch
+from mars2.search.simulated import SimulatedAgent, SimulatedGrader, simulated_problems
+
+
+def _team(skills: dict[str, float], seed: int) -> dict[str, SimulatedAgent]:
+    return {
+        "strong": SimulatedAgent(lambda pid: skills[pid], seed=seed),
+        "weak": SimulatedAgent(lambda pid: 0.3 * skills[pid], seed=seed + 1),
+    }
+
+
+def run_ours(problems: list, skills: dict[str, float], budget: int, seed: int) -> dict[str, float]:
+    search = TreeSearch(SearchConfig(max_nodes=budget, expansions_per_round=1))
+    began = time.perf_counter()
+    trees = search.grow(
+        problems, _team(skills, seed), SimulatedGrader(), np.random.default_rng(seed)
+    )
+    total = time.perf_counter() - began
+    return {
+        "solve_rate": sum(t.solved for t in trees) / len(trees),
+        "bookkeeping_s": search.timings.bookkeeping,
+        "total_s": total,
+    }
+
+
+def run_treequest(
+    problems: list, skills: dict[str, float], budget: int, seed: int
+) -> dict[str, float]:
+    import treequest as tq
+
+    team = _team(skills, seed)
+    grader = SimulatedGrader()
+    outside = 0.0  # time spent in the simulator (generate + grade), not in TreeQuest
+
+    def make_fn(agent: SimulatedAgent, problem: Any):
+        def generate(parent: dict | None) -> tuple[dict, float]:
+            nonlocal outside
+            began = time.perf_counter()
+            statement = problem.statement + ("\nA previous attempt" if parent is not None else "")
+            (completion,) = agent.generate([[{"role": "user", "content": statement}]])
+            (grade,) = grader.grade([(problem, completion.text)])
+            outside += time.perf_counter() - began
+            return {"passed": grade.private_passed}, grade.reward
+
+        return generate
+
+    solved = 0
+    began = time.perf_counter()
+    for problem in problems:
+        algo = tq.ABMCTSA(dist_type="beta")
+        state = algo.init_tree()
+        fns = {name: make_fn(agent, problem) for name, agent in team.items()}
+        for _ in range(budget):
+            state = algo.step(state, fns, inplace=True)
+        solved += any(s["passed"] for s, _ in algo.get_state_score_pairs(state))
+    total = time.perf_counter() - began
+    return {
+        "solve_rate": solved / len(problems),
+        "bookkeeping_s": total - outside,
+        "total_s": total,
+    }
+
+
+def run(problems: int, budget: int, seed: int) -> dict[str, dict[str, float]]:
+    items = simulated_problems(problems)
+    rng = np.random.default_rng(seed)
+    skills = {p.id: float(rng.beta(1, 20)) for p in items}
+    return {
+        "mars2": run_ours(items, skills, budget, seed),
+        "treequest": run_treequest(items, skills, budget, seed),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--problems", type=int, default=200)
+    parser.add_argument("--budget", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    result = run(args.problems, args.budget, args.seed)
+    ours, theirs = result["mars2"], result["treequest"]
+    print(f"{args.problems} simulated problems, {args.budget} nodes per tree, strong + weak agent")
+    print(f"  {'':10} {'solve rate':>10} {'bookkeeping s':>14}")
+    for name, row in result.items():
+        print(f"  {name:10} {row['solve_rate']:10.3f} {row['bookkeeping_s']:14.4f}")
+    print(
+        f"  solve rate ratio {ours['solve_rate'] / max(theirs['solve_rate'], 1e-9):.2f} (target >= 1.0)"
+    )
+    print(
+        f"  bookkeeping speedup {theirs['bookkeeping_s'] / ours['bookkeeping_s']:.1f}x (target >= 10x)"
+    )
+
+
+if __name__ == "__main__":
+    main()

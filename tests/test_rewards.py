@@ -1,0 +1,117 @@
+"""Reward shaping, group advantages and routing, checked against hand-computed trees."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mars2.rewards.advantages import group_advantages, is_degenerate
+from mars2.rewards.routing import AdvantageConfig, route_samples, tree_samples
+from mars2.rewards.shaping import shape_rewards
+from mars2.search.simulated import simulated_problems
+from mars2.search.tree import SearchTree
+
+
+def _tree(edges: list[tuple[int, str, float]]) -> SearchTree:
+    """Build a tree from (parent, agent, reward) in creation order."""
+    tree = SearchTree.new(simulated_problems(1)[0])
+    for parent, agent, reward in edges:
+        tree.add(parent, agent=agent, reward=reward)
+    return tree
+
+
+def test_shaping_by_hand() -> None:
+    # root -> 1 (r=0), 2 (r=1), 3 (r=0); 1 -> 4 (r=1), 5 (r=0); 2 -> 6 (r=1, lone child)
+    tree = _tree(
+        [(0, "a", 0.0), (0, "b", 1.0), (0, "a", 0.0), (1, "b", 1.0), (1, "a", 0.0), (2, "a", 1.0)]
+    )
+    g, lam = 0.5, 0.5
+    shaped = shape_rewards(tree, gamma=g, lam=lam)
+    # depth 1: baseline is the leave-one-out sibling mean
+    assert shaped[1] == pytest.approx(0 + g * (0 - 0.5))
+    assert shaped[2] == pytest.approx(1 + g * (1 - 0.0))
+    assert shaped[3] == pytest.approx(0 + g * (0 - 0.5))
+    # depth 2 with a sibling: (1-λ)·r_parent + λ·sibling
+    assert shaped[4] == pytest.approx(1 + g * (1 - (0.5 * 0 + 0.5 * 0)))
+    assert shaped[5] == pytest.approx(0 + g * (0 - (0.5 * 0 + 0.5 * 1)))
+    # lone deeper child: parent's reward alone
+    assert shaped[6] == pytest.approx(1 + g * (1 - 1))
+
+
+def test_lone_depth_one_node_keeps_its_reward() -> None:
+    assert shape_rewards(_tree([(0, "a", 0.7)])) == {1: 0.7}
+
+
+def test_all_equal_tree_gives_zero_and_is_filtered() -> None:
+    tree = _tree([(0, "a", 1.0), (0, "b", 1.0), (1, "a", 1.0)])
+    assert is_degenerate(tree)
+    advantages = group_advantages(tree, shape_rewards(tree))
+    assert all(a == 0 for a in advantages.values())
+    assert tree_samples(tree, 0, AdvantageConfig()) == []
+    assert len(tree_samples(tree, 0, AdvantageConfig(filter_degenerate=False))) == 3
+
+
+def test_advantage_variants_by_hand() -> None:
+    tree = _tree([(0, "a", 0.0), (0, "b", 1.0), (1, "a", 1.0)])
+    shaped = {1: 0.0, 2: 1.0, 3: 2.0}
+    scaled = group_advantages(tree, shaped)
+    std = np.std([0.0, 1.0, 2.0])
+    assert scaled == pytest.approx({1: -1 / (std + 1e-6), 2: 0.0, 3: 1 / (std + 1e-6)})
+    assert group_advantages(tree, shaped, scale_std=False) == pytest.approx(
+        {1: -1.0, 2: 0.0, 3: 1.0}
+    )
+    by_depth = group_advantages(tree, shaped, scale_std=False, group_by="depth")
+    assert by_depth == pytest.approx({1: -0.5, 2: 0.5, 3: 0.0})
+
+
+trees_strategy = st.lists(
+    st.tuples(st.integers(0, 30), st.sampled_from(["a", "b", "c"]), st.floats(0, 1)),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    edges=trees_strategy,
+    gamma=st.floats(0, 2),
+    lam=st.floats(0, 1),
+    by=st.sampled_from(["tree", "depth"]),
+)
+def test_advantages_are_zero_mean_per_group(edges, gamma, lam, by) -> None:
+    tree = _tree([(p % (i + 1), a, r) for i, (p, a, r) in enumerate(edges)])
+    advantages = group_advantages(tree, shape_rewards(tree, gamma, lam), group_by=by)
+    groups: dict[int, list[float]] = {}
+    for node in tree.answers():
+        groups.setdefault(node.depth if by == "depth" else 0, []).append(advantages[node.id])
+    for values in groups.values():
+        assert abs(sum(values)) < 1e-6 * max(1, len(values))
+
+
+@settings(max_examples=30, deadline=None)
+@given(edges=trees_strategy, seed=st.integers(0, 1000))
+def test_shaping_is_order_independent(edges, seed) -> None:
+    tree = _tree([(p % (i + 1), a, r) for i, (p, a, r) in enumerate(edges)])
+    shaped = shape_rewards(tree)
+    rng = np.random.default_rng(seed)
+    for node in tree.nodes:  # the same tree with its siblings listed in another order
+        node.children = [int(c) for c in rng.permutation(node.children)]
+    assert shape_rewards(tree) == pytest.approx(shaped)
+
+
+def test_routing_by_name_with_a_missing_agent() -> None:
+    tree = _tree([(0, "qwen", 0.0), (0, "qwen", 1.0), (1, "llama", 1.0)])
+    routed = route_samples([tree], ["llama", "qwen", "idle"])
+    assert set(routed) == {"llama", "qwen", "idle"}
+    assert routed["idle"] == []
+    assert [s.node_id for s in routed["qwen"]] == [1, 2]
+    assert [s.node_id for s in routed["llama"]] == [3]
+    assert all(s.agent == name for name, samples in routed.items() for s in samples)
+
+
+def test_routing_rejects_unknown_agents() -> None:
+    tree = _tree([(0, "ghost", 0.0), (0, "qwen", 1.0)])
+    with pytest.raises(KeyError, match="ghost"):
+        route_samples([tree], ["qwen"])
