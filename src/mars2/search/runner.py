@@ -78,6 +78,7 @@ class TreeSearch:
         prompts: PromptBuilder | None = None,
         agent_statistics: AgentStatistics | None = None,
     ) -> None:
+        # Read here, updated by the caller once a batch is finished (the training callback does).
         self.config = config or SearchConfig()
         self.prompts = prompts or PromptBuilder()
         self.policy = ThompsonPolicy(self.config.policy)
@@ -107,8 +108,6 @@ class TreeSearch:
                 break
             self._run_round(batch, trees, stats, generators, grader, step)
             self.timings.rounds += 1
-        if self.agent_statistics is not None:
-            self.agent_statistics.update(trees)
         return trees
 
     def _plan_round(

@@ -1,0 +1,224 @@
+"""`AgentModule`: one agent's policy, reference model, tokenizer, optimizer and GRPO-family loss."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from mars2.generation.transformers_backend import TransformersGenerator
+from mars2.models.loading import ModelSpec, frozen_copy, load_policy, load_tokenizer
+from mars2.training.losses import LossConfig, policy_loss, token_entropy, token_logprobs
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW (or bitsandbytes AdamW8bit) with linear warm-up then constant or cosine decay."""
+
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.99)
+    optimizer: str = "adamw"  # adamw | adamw8bit
+    warmup_steps: int = 0
+    schedule: str = "constant"  # constant | cosine
+    total_steps: int = 1000
+    grad_clip: float | None = 1.0
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in ("adamw", "adamw8bit"):
+            raise ValueError(f"unknown optimizer {self.optimizer!r}: use 'adamw' or 'adamw8bit'")
+        if self.schedule not in ("constant", "cosine"):
+            raise ValueError(f"unknown schedule {self.schedule!r}: use 'constant' or 'cosine'")
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Sampling settings and which backend serves this agent."""
+
+    backend: str = "transformers"  # transformers | vllm
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    batch_size: int = 32
+    max_prompt_tokens: int | None = None
+    vllm: dict[str, Any] | None = None  # extra vLLM engine arguments
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("transformers", "vllm"):
+            raise ValueError(f"unknown generation backend {self.backend!r}: use 'transformers' or 'vllm'")
+
+
+class AgentModule(pl.LightningModule):
+    """One agent. Alone it trains as plain single-agent GRPO; in a team it is a child module."""
+
+    def __init__(
+        self,
+        name: str,
+        model: ModelSpec,
+        generation: GenerationConfig | None = None,
+        optim: OptimConfig | None = None,
+        loss: LossConfig | None = None,
+        micro_batch_size: int = 8,
+    ) -> None:
+        super().__init__()
+        self.name = name
+        self.model_spec = model
+        self.generation_config = generation or GenerationConfig()
+        self.optim_config = optim or OptimConfig()
+        self.loss_config = loss or LossConfig()
+        self.micro_batch_size = micro_batch_size
+        self.tokenizer = load_tokenizer(model.path, model.trust_remote_code)
+        self.policy = load_policy(model)
+        self.policy.config.use_cache = True
+        self.policy.train()  # from_pretrained returns eval mode
+        # The reference is kept out of the module tree: it is never trained and never checkpointed.
+        self._reference: list[Any] = []
+        if self.loss_config.beta > 0 and model.lora is None:
+            self._reference.append(frozen_copy(self.policy))
+        self._generator: Any = None
+        self.automatic_optimization = False
+
+    # -- reference and generation -----------------------------------------------------------
+
+    def reference_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor | None:
+        """Log-probs of the frozen reference (the base with the adapter off when LoRA is on)."""
+        if self.loss_config.beta == 0:
+            return None
+        with torch.no_grad():
+            if self.model_spec.lora is not None:
+                with self.policy.disable_adapter():
+                    logits = self.policy(input_ids=input_ids, attention_mask=attention_mask).logits
+            else:
+                ref = self._reference[0]
+                if next(ref.parameters()).device != input_ids.device:
+                    ref.to(input_ids.device)
+                logits = ref(input_ids=input_ids, attention_mask=attention_mask).logits
+        return token_logprobs(logits[:, :-1], input_ids[:, 1:], self.generation_config.temperature)
+
+    @property
+    def generator(self) -> Any:
+        """The generator serving this agent (built on first use)."""
+        if self._generator is None:
+            cfg = self.generation_config
+            if cfg.backend == "vllm":
+                from mars2.generation.vllm_backend import VLLMGenerator
+
+                self._generator = VLLMGenerator(self.model_spec, self.tokenizer, cfg)
+            else:
+                self._generator = TransformersGenerator(
+                    self.policy, self.tokenizer, cfg.max_new_tokens, cfg.temperature, cfg.top_p,
+                    cfg.batch_size, cfg.max_prompt_tokens,
+                )  # fmt: skip
+        return self._generator
+
+    @generator.setter
+    def generator(self, value: Any) -> None:
+        self._generator = value
+
+    # -- loss -------------------------------------------------------------------------------
+
+    def compute_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Loss of one micro-batch plus detached metrics (kl, clip_fraction, entropy, ...)."""
+        input_ids, attention = batch["input_ids"], batch["attention_mask"]
+        mask = batch["completion_mask"]
+        if self.loss_config.mask_truncated:
+            mask = mask * (~batch["truncated"]).unsqueeze(-1).to(mask.dtype)
+        logits = self.policy(input_ids=input_ids, attention_mask=attention).logits[:, :-1]
+        temperature = self.generation_config.temperature
+        logprobs = token_logprobs(logits, input_ids[:, 1:], temperature)
+        has_rollout = batch["has_rollout_logprobs"].unsqueeze(-1)
+        # One optimizer step per rollout: the sampling policy is the current one, unless a separate
+        # engine (vLLM) sampled, in which case its log-probs feed truncated importance sampling.
+        old = logprobs.detach()
+        rollout = torch.where(has_rollout, batch["rollout_logprobs"], old) if self.generation_config.backend == "vllm" else None
+        loss, metrics = policy_loss(
+            logprobs, old, batch["advantages"], mask, self.loss_config,
+            ref_logprobs=self.reference_logprobs(input_ids, attention), rollout_logprobs=rollout,
+        )  # fmt: skip
+        with torch.no_grad():
+            entropy = token_entropy(logits, temperature)
+            metrics["entropy"] = (entropy * mask).sum() / mask.sum().clamp(min=1)
+            metrics["tokens"] = mask.sum()
+        return loss, metrics
+
+    # -- optimisation -----------------------------------------------------------------------
+
+    def build_optimizer(self) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+        """This agent's own optimizer and schedule."""
+        cfg = self.optim_config
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        if cfg.optimizer == "adamw8bit":
+            import bitsandbytes as bnb
+
+            optimizer: torch.optim.Optimizer = bnb.optim.AdamW8bit(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        else:
+            optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+
+        def factor(step: int) -> float:
+            if cfg.warmup_steps and step < cfg.warmup_steps:
+                return (step + 1) / cfg.warmup_steps
+            if cfg.schedule == "cosine":
+                progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.total_steps - cfg.warmup_steps))
+                return 0.5 * (1 + math.cos(math.pi * progress))
+            return 1.0
+
+        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+    def training_step(self, dataloader_iter: Any) -> None:
+        """Single-agent GRPO: train on this agent's part of a tree-search batch."""
+        from mars2.training.datamodule import next_batch
+
+        batch = next_batch(self, dataloader_iter)
+        samples = batch["agents"].get(self.name, [])
+        if not samples:
+            return
+        optimizer = self.optimizers()
+        scheduler = self.lr_schedulers()
+        metrics = optimise_agent(self, optimizer, scheduler, samples, self.manual_backward, int(batch["counts"][self.name]))
+        self.log_dict({f"{self.name}/{k}": v for k, v in metrics.items()}, batch_size=1)
+
+    def configure_optimizers(self) -> Any:
+        optimizer, scheduler = self.build_optimizer()
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def save_pretrained(self, path: str) -> None:
+        """Write the policy and tokenizer in Hugging Face format (loadable with Auto* classes)."""
+        self.policy.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+
+
+def optimise_agent(
+    agent: AgentModule,
+    optimizer: Any,
+    scheduler: Any,
+    batches: list[dict[str, torch.Tensor]],
+    backward: Any,
+    num_samples: int,
+    sync_gradients: Any = None,
+) -> dict[str, float]:
+    """One optimizer step of `agent` on its own micro-batches (gradient accumulation).
+
+    Each micro-batch's loss is weighted by its share of the agent's samples, so the step is the
+    same whatever the micro-batch size. `sync_gradients` (DDP) averages gradients across ranks.
+    """
+    optimizer.zero_grad(set_to_none=False)
+    totals: dict[str, float] = {}
+    for batch in batches:
+        loss, metrics = agent.compute_loss(batch)
+        share = batch["advantages"].shape[0] / max(1, num_samples)
+        backward(loss * share)
+        totals["loss"] = totals.get("loss", 0.0) + float(loss.detach()) * share
+        for key, value in metrics.items():
+            weight = 1.0 if key == "tokens" else share
+            totals[key] = totals.get(key, 0.0) + float(value) * weight
+    if sync_gradients is not None:
+        sync_gradients(agent)
+    if agent.optim_config.grad_clip is not None:
+        totals["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(agent.policy.parameters(), agent.optim_config.grad_clip))
+    optimizer.step()
+    scheduler.step()
+    totals["lr"] = float(scheduler.get_last_lr()[0])
+    return totals

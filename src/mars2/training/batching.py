@@ -1,0 +1,59 @@
+"""Pack one agent's samples into padded micro-batches of its own tokenizer's ids."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from mars2.rewards.routing import Sample
+
+
+def collate(samples: Sequence[Sample], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded prompt+completion ids with a mask over completion targets.
+
+    ``completion_mask[b, t]`` is 1 where ``input_ids[b, t + 1]`` is a completion token, so it lines
+    up with logits[:, :-1]. ``rollout_logprobs`` is zero where a generator gave none
+    (``has_rollout_logprobs`` says which rows have them).
+    """
+    if not samples:
+        raise ValueError("cannot collate an empty micro-batch")
+    lengths = [len(s.prompt_token_ids) + len(s.token_ids) for s in samples]
+    width = max(lengths)
+    batch = len(samples)
+    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((batch, width), dtype=torch.long)
+    completion_mask = torch.zeros((batch, width - 1), dtype=torch.float32)
+    rollout = torch.zeros((batch, width - 1), dtype=torch.float32)
+    has_rollout = torch.zeros(batch, dtype=torch.bool)
+    for row, sample in enumerate(samples):
+        if not sample.token_ids:
+            raise ValueError(f"sample of node {sample.node_id} has no completion token ids")
+        prompt, completion = sample.prompt_token_ids, sample.token_ids
+        ids = [*prompt, *completion]
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        attention[row, : len(ids)] = 1
+        first = len(prompt) - 1  # logits at position p predict token p + 1
+        completion_mask[row, first : first + len(completion)] = 1.0
+        if sample.logprobs is not None:
+            if len(sample.logprobs) != len(completion):
+                raise ValueError(f"node {sample.node_id}: {len(sample.logprobs)} log-probs for {len(completion)} tokens")
+            rollout[row, first : first + len(completion)] = torch.tensor(sample.logprobs)
+            has_rollout[row] = True
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention,
+        "completion_mask": completion_mask,
+        "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32),
+        "truncated": torch.tensor([s.truncated for s in samples], dtype=torch.bool),
+        "rollout_logprobs": rollout,
+        "has_rollout_logprobs": has_rollout,
+    }
+
+
+def micro_batches(samples: Sequence[Sample], size: int, pad_id: int) -> list[dict[str, torch.Tensor]]:
+    """Split into micro-batches of at most `size` samples, longest first to keep padding low."""
+    if size < 1:
+        raise ValueError("micro-batch size must be >= 1")
+    ordered = sorted(samples, key=lambda s: len(s.prompt_token_ids) + len(s.token_ids), reverse=True)
+    return [collate(ordered[i : i + size], pad_id) for i in range(0, len(ordered), size)]

@@ -1,0 +1,72 @@
+"""`MultiAgentCallback`: after each step, sync weights to generators, update agent statistics,
+log per-agent metrics and save the step's trees (as MLflow artifacts when MLflow is the logger)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from torchmetrics import MeanMetric
+
+from mars2.search.tree import save_trees
+
+log = logging.getLogger(__name__)
+
+
+class MultiAgentCallback(pl.Callback):
+    """Coordinates the team around each optimisation step."""
+
+    def __init__(self, output_dir: str, save_trees_every: int = 1, save_final_agents: bool = True) -> None:
+        super().__init__()
+        self.output_dir = Path(output_dir)
+        self.save_trees_every = save_trees_every
+        self.save_final_agents = save_final_agents
+        self._running: dict[str, MeanMetric] = {}
+
+    @staticmethod
+    def _agents(module: pl.LightningModule) -> dict[str, Any]:
+        return dict(module.agents) if hasattr(module, "agents") else {module.name: module}
+
+    def _running_mean(self, key: str, value: float) -> float:
+        metric = self._running.setdefault(key, MeanMetric())
+        metric.update(value)
+        return float(metric.compute())
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        datamodule = trainer.datamodule
+        data = getattr(datamodule, "last", None)
+        if data is None:
+            return
+        # Push the new weights to every agent's generator (vLLM: load_weights; shared: a version bump).
+        for name, agent in self._agents(pl_module).items():
+            if data.samples.get(name) or trainer.world_size > 1:
+                agent.generator.sync_weights(agent.policy)
+        statistics = datamodule.engine.agent_statistics
+        if statistics is not None:
+            statistics.update(data.trees)
+        running = {}
+        for name in self._agents(pl_module):
+            for key in ("reward_mean", "solve_rate", "expansion_share"):
+                value = data.metrics.get(f"{name}/{key}")
+                if value is not None:
+                    running[f"{name}/{key}_running"] = self._running_mean(f"{name}/{key}", value)
+        pl_module.log_dict(running, batch_size=1)
+        if self.save_trees_every and data.step % self.save_trees_every == 0:
+            self._save_trees(trainer, data)
+
+    def _save_trees(self, trainer: pl.Trainer, data: Any) -> None:
+        path = self.output_dir / "trees" / f"step_{data.step:06d}_rank{trainer.global_rank}.jsonl"
+        save_trees(data.trees, path)
+        logger = trainer.logger
+        if logger is not None and type(logger).__name__ == "MLFlowLogger":
+            logger.experiment.log_artifact(logger.run_id, str(path), artifact_path="trees")
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self.save_final_agents or trainer.global_rank != 0:
+            return
+        for name, agent in self._agents(pl_module).items():
+            target = self.output_dir / "agents" / name
+            agent.save_pretrained(str(target))
+            log.info("saved agent %s to %s", name, target)

@@ -1,0 +1,93 @@
+"""`TreeSearchDataModule`: streams one batch per step straight from the tree-search rollout."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.utilities import move_data_to_device
+from torch.utils.data import DataLoader, IterableDataset
+
+from mars2.training.batching import micro_batches
+from mars2.training.rollout import RolloutEngine, TreeBundle
+
+
+class _RolloutStream(IterableDataset):
+    def __init__(self, datamodule: TreeSearchDataModule) -> None:
+        self.datamodule = datamodule
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        dm = self.datamodule
+        while dm.max_steps is None or dm.next_step < dm.max_steps:
+            step = dm.next_step
+            dm.next_step += 1  # a checkpoint written after this step resumes with the next one
+            yield dm.make_batch(step)
+
+
+class TreeSearchDataModule(pl.LightningDataModule):
+    """Each batch: that step's problems grown into trees by the team's own generators.
+
+    Generation needs the live policies, so the stream runs in the training process
+    (``num_workers=0``) and reads the team from the trainer. The modules pull batches through
+    ``training_step(dataloader_iter)``: Lightning then prefetches nothing, so step k+1 is sampled
+    after step k's update (on-policy). Under DDP every rank grows its own
+    slice of the step's problems. The next step index is part of the checkpoint, so resuming
+    continues with the batch that would have come next.
+    """
+
+    def __init__(self, engine: RolloutEngine, max_steps: int | None = None) -> None:
+        super().__init__()
+        self.engine = engine
+        self.max_steps = max_steps
+        self.next_step = 0
+        self.last: Any = None  # the latest StepData, for callbacks
+
+    def _team(self) -> Any:
+        if self.trainer is None:
+            raise RuntimeError("TreeSearchDataModule needs a trainer: the generators are the team's policies")
+        return self.trainer.lightning_module
+
+    def generators(self) -> dict[str, Any]:
+        module = self._team()
+        agents = module.agents if hasattr(module, "agents") else {module.name: module}
+        return {name: agent.generator for name, agent in agents.items()}
+
+    def make_batch(self, step: int) -> dict[str, Any]:
+        module = self._team()
+        agents = module.agents if hasattr(module, "agents") else {module.name: module}
+        rank = self.trainer.global_rank if self.trainer else 0
+        world = self.trainer.world_size if self.trainer else 1
+        data = self.engine.run(step, self.generators(), rank, world)
+        self.last = data
+        per_agent = {}
+        for name, samples in data.samples.items():
+            agent = agents[name]
+            per_agent[name] = micro_batches(samples, agent.micro_batch_size, agent.tokenizer.pad_token_id) if samples else []
+        return {
+            "step": step,
+            "agents": per_agent,
+            "counts": {name: len(samples) for name, samples in data.samples.items()},
+            "metrics": data.metrics,
+            "trees": TreeBundle(data.trees),
+        }
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(_RolloutStream(self), batch_size=None, num_workers=0)
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"next_step": self.next_step}
+        if self.engine.agent_statistics is not None:
+            state["agent_statistics"] = self.engine.agent_statistics.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.next_step = int(state_dict["next_step"])
+        if "agent_statistics" in state_dict and self.engine.agent_statistics is not None:
+            self.engine.agent_statistics.load_state_dict(state_dict["agent_statistics"])
+
+
+def next_batch(module: pl.LightningModule, dataloader_iter: Iterator[Any]) -> dict[str, Any]:
+    """Pull the next step's batch and move its tensors to the module's device."""
+    batch, _, _ = next(dataloader_iter)
+    return move_data_to_device(batch, module.device)

@@ -1,0 +1,105 @@
+"""GRPO-family policy losses on padded token tensors (plain torch, no Lightning).
+
+All tensors are [batch, tokens] over completion tokens; `mask` is 1 on real completion tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+LossVariant = Literal["grpo", "dr_grpo", "dapo", "gspo"]
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Which loss and its coefficients.
+
+    grpo: per-token clipped ratio, mean over each sequence's tokens, then over sequences.
+    dr_grpo: the same sum divided by batch size x `max_tokens` (no length normalisation bias).
+    dapo: token-level mean over all tokens of the batch, clip-higher (eps_low < eps_high).
+    gspo: one ratio per sequence, exp(mean token log-ratio), clipped (use small eps, ~3e-4).
+    beta: coefficient of the k3 KL estimator to the reference model (0 disables the reference).
+    tis_cap: truncated importance sampling cap on exp(old - rollout) when rollout log-probs come
+    from another engine (vLLM); None disables it.
+    """
+
+    variant: LossVariant = "grpo"
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    beta: float = 0.0
+    tis_cap: float | None = 2.0
+    max_tokens: int = 1024
+    mask_truncated: bool = False
+
+    def __post_init__(self) -> None:
+        if self.variant not in ("grpo", "dr_grpo", "dapo", "gspo"):
+            raise ValueError(f"unknown loss variant {self.variant!r}: use grpo, dr_grpo, dapo or gspo")
+        if self.eps_low < 0 or self.eps_high < 0 or self.beta < 0:
+            raise ValueError("eps_low, eps_high and beta must be >= 0")
+
+
+def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(policy || reference): exp(ref - lp) - (ref - lp) - 1."""
+    delta = ref_logprobs - logprobs
+    return torch.exp(delta) - delta - 1.0
+
+
+def _aggregate(per_token: torch.Tensor, mask: torch.Tensor, variant: LossVariant, max_tokens: int) -> torch.Tensor:
+    if variant == "grpo" or variant == "gspo":
+        return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+    if variant == "dapo":
+        return (per_token * mask).sum() / mask.sum().clamp(min=1)
+    return (per_token * mask).sum() / (mask.shape[0] * max_tokens)  # dr_grpo
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    config: LossConfig,
+    ref_logprobs: torch.Tensor | None = None,
+    rollout_logprobs: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The loss to minimise and detached metrics (kl, clip_fraction, ratio)."""
+    mask = mask.to(logprobs.dtype)
+    adv = advantages.unsqueeze(-1)
+    log_ratio = logprobs - old_logprobs
+    if config.variant == "gspo":
+        seq_log_ratio = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        # token-level gradient, sequence-level value: s_i · lp / sg(lp) per token
+        log_ratio = seq_log_ratio.unsqueeze(-1) + logprobs - logprobs.detach()
+    ratio = torch.exp(log_ratio)
+    clipped = torch.clamp(ratio, 1.0 - config.eps_low, 1.0 + config.eps_high)
+    per_token = -torch.minimum(ratio * adv, clipped * adv)
+    if rollout_logprobs is not None and config.tis_cap is not None:
+        weight = torch.exp(old_logprobs - rollout_logprobs).clamp(max=config.tis_cap).detach()
+        per_token = per_token * weight
+    loss = _aggregate(per_token, mask, config.variant, config.max_tokens)
+    metrics: dict[str, torch.Tensor] = {}
+    if config.beta > 0:
+        if ref_logprobs is None:
+            raise ValueError("beta > 0 needs reference log-probs")
+        kl = k3_kl(logprobs, ref_logprobs)
+        loss = loss + config.beta * _aggregate(kl, mask, config.variant, config.max_tokens)
+        metrics["kl"] = ((kl * mask).sum() / mask.sum().clamp(min=1)).detach()
+    with torch.no_grad():
+        was_clipped = ((ratio - clipped).abs() > 1e-8).to(mask.dtype)
+        metrics["clip_fraction"] = (was_clipped * mask).sum() / mask.sum().clamp(min=1)
+        metrics["ratio"] = (ratio * mask).sum() / mask.sum().clamp(min=1)
+    return loss, metrics
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log p(target) per position from logits [B, T, V] (already aligned with targets [B, T])."""
+    logits = logits.float() / temperature
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy of the sampling distribution per position."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return -(logp.exp() * logp).sum(-1)

@@ -1,0 +1,121 @@
+"""One training step's data: pick problems, grow their trees, shape rewards, route samples."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from mars2.data.problem import Problem
+from mars2.rewards.routing import AdvantageConfig, Sample, route_samples
+from mars2.search.policy import AgentStatistics
+from mars2.search.runner import GraderLike, TreeSearch
+from mars2.search.tree import SearchTree
+
+
+class TreeBundle:
+    """The step's trees, opaque to Lightning's batch transfer (it does not recurse into it)."""
+
+    def __init__(self, trees: list[SearchTree]) -> None:
+        self.trees = trees
+
+
+@dataclass
+class StepData:
+    """Everything one step produced before tokenisation."""
+
+    step: int
+    trees: list[SearchTree]
+    samples: dict[str, list[Sample]]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class ProblemSchedule:
+    """Which problems each step sees: a seeded permutation per epoch, sliced by step and rank.
+
+    A function of (seed, step, rank) alone, so a resumed run sees exactly the batches it would
+    have seen.
+    """
+
+    def __init__(self, problems: Sequence[Problem], per_step: int, seed: int) -> None:
+        if not problems:
+            raise ValueError("no training problems")
+        if per_step < 1:
+            raise ValueError("problems_per_step must be >= 1")
+        self.problems = list(problems)
+        self.per_step = per_step
+        self.seed = seed
+
+    def _order(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.problems))
+
+    def for_step(self, step: int, rank: int = 0, world: int = 1) -> list[Problem]:
+        size = self.per_step * world
+        start = step * size + rank * self.per_step
+        picked = []
+        for offset in range(self.per_step):
+            flat = start + offset
+            epoch, index = divmod(flat, len(self.problems))
+            picked.append(self.problems[int(self._order(epoch)[index])])
+        return picked
+
+
+class RolloutEngine:
+    """Grows the step's trees with the agents' generators and turns them into routed samples."""
+
+    def __init__(
+        self,
+        schedule: ProblemSchedule,
+        search: TreeSearch,
+        grader: GraderLike,
+        advantages: AdvantageConfig | None = None,
+        agent_statistics: AgentStatistics | None = None,
+        overlong_penalty: float = 0.0,
+    ) -> None:
+        self.schedule = schedule
+        self.search = search
+        self.grader = grader
+        self.advantages = advantages or AdvantageConfig()
+        self.agent_statistics = agent_statistics
+        self.overlong_penalty = overlong_penalty
+
+    def run(self, step: int, generators: Mapping[str, Any], rank: int = 0, world: int = 1) -> StepData:
+        problems = self.schedule.for_step(step, rank, world)
+        seed = [self.schedule.seed, step, rank]
+        torch.manual_seed(int(np.random.default_rng(seed).integers(2**31)))  # sampling in generate()
+        began = time.perf_counter()
+        trees = self.search.grow(problems, generators, self.grader, np.random.default_rng(seed), step=step)
+        elapsed = time.perf_counter() - began
+        if self.overlong_penalty:
+            for tree in trees:
+                for node in tree.answers():
+                    if node.truncated:
+                        node.reward = max(0.0, node.reward - self.overlong_penalty)
+        samples = route_samples(trees, generators.keys(), self.advantages)
+        return StepData(step, trees, samples, self._metrics(trees, samples, elapsed))
+
+    def _metrics(self, trees: list[SearchTree], samples: dict[str, list[Sample]], elapsed: float) -> dict[str, float]:
+        nodes = [n for t in trees for n in t.answers()]
+        total = max(1, len(nodes))
+        metrics = {
+            "reward": float(np.mean([n.reward for n in nodes])) if nodes else 0.0,
+            "solve_rate": float(np.mean([t.solved for t in trees])) if trees else 0.0,
+            "nodes": float(len(nodes)),
+            "rollout_seconds": elapsed,
+            "generation_seconds": self.search.timings.generation,
+            "grading_seconds": self.search.timings.grading,
+            "search_bookkeeping_seconds": self.search.timings.bookkeeping,
+            "trained_samples": float(sum(len(v) for v in samples.values())),
+        }
+        tokens = sum(len(n.token_ids) for n in nodes)
+        metrics["generated_tokens_per_second"] = tokens / max(self.search.timings.generation, 1e-9)
+        for name in samples:
+            mine = [n for n in nodes if n.agent == name]
+            metrics[f"{name}/expansion_share"] = len(mine) / total
+            metrics[f"{name}/reward_mean"] = float(np.mean([n.reward for n in mine])) if mine else 0.0
+            metrics[f"{name}/solve_rate"] = float(np.mean([n.private_passed for n in mine])) if mine else 0.0
+        return metrics

@@ -1,0 +1,84 @@
+"""The team: every agent as a child of one top-level module, each stepping on its own nodes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from mars2.training.agent_module import AgentModule, optimise_agent
+from mars2.training.datamodule import next_batch
+from mars2.training.distributed import average_gradients, global_counts
+
+
+class MultiAgentModule(pl.LightningModule):
+    """One Lightning Trainer drives this module; it holds the agents and steps each one separately.
+
+    Manual optimisation: for every agent with samples this step (on any rank) its own optimizer
+    takes one step on its own micro-batches; an agent with none is left exactly as it was.
+    """
+
+    def __init__(self, agents: Mapping[str, AgentModule]) -> None:
+        super().__init__()
+        if not agents:
+            raise ValueError("a team needs at least one agent")
+        for key, agent in agents.items():
+            if key != agent.name:
+                raise ValueError(f"agent registered as {key!r} is named {agent.name!r}")
+        self.agents = torch.nn.ModuleDict(dict(agents))
+        self.agent_names = list(agents)
+        self.automatic_optimization = False
+
+    def configure_optimizers(self) -> Any:
+        optimizers, schedulers = [], []
+        for name in self.agent_names:
+            optimizer, scheduler = self.agents[name].build_optimizer()
+            optimizers.append(optimizer)
+            schedulers.append({"scheduler": scheduler, "interval": "step"})
+        return optimizers, schedulers
+
+    def _count_step(self) -> None:
+        # Lightning counts one global step per optimizer.step() in manual mode; a team step is one
+        # step however many agents moved, so max_steps and checkpoint intervals mean team steps.
+        progress = self.trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
+        progress.increment_ready()
+        progress.increment_completed()
+
+    def training_step(self, dataloader_iter: Iterator[Any]) -> None:
+        batch = next_batch(self, dataloader_iter)
+        optimizers = self.optimizers(use_pl_optimizer=False)
+        schedulers = self.lr_schedulers()
+        if not isinstance(optimizers, list):
+            optimizers, schedulers = [optimizers], [schedulers]
+        local = [int(batch["counts"].get(name, 0)) for name in self.agent_names]
+        total = global_counts(local, self.device)
+        logged: dict[str, float] = {}
+        for index, name in enumerate(self.agent_names):
+            if total[index] == 0:
+                logged[f"{name}/stepped"] = 0.0
+                continue
+            agent = self.agents[name]
+            metrics = optimise_agent(
+                agent,
+                optimizers[index],
+                schedulers[index],
+                batch["agents"].get(name, []),
+                self.manual_backward,
+                local[index],
+                sync_gradients=lambda a, i=index: average_gradients(a.policy, local[i], total[i]),
+            )
+            logged[f"{name}/stepped"] = 1.0
+            logged.update({f"{name}/{key}": value for key, value in metrics.items()})
+        self._count_step()
+        for key, value in batch.get("metrics", {}).items():
+            logged[key] = float(value)
+        shown = {k: logged[k] for k in ("reward", "solve_rate") if k in logged}
+        self.log_dict(shown, prog_bar=True, batch_size=1)
+        self.log_dict({k: v for k, v in logged.items() if k not in shown}, batch_size=1)
+
+    def save_agents(self, directory: str) -> None:
+        """Every agent in Hugging Face format under `directory/<name>`."""
+        for name in self.agent_names:
+            self.agents[name].save_pretrained(f"{directory}/{name}")
