@@ -57,7 +57,11 @@ class TransformersGenerator:
     def generate(self, chats: Sequence[Messages]) -> list[Completion]:
         out: list[Completion] = []
         for start in range(0, len(chats), self.batch_size):
-            out.extend(self._generate_batch([self.encode_prompt(c) for c in chats[start : start + self.batch_size]]))
+            out.extend(
+                self._generate_batch(
+                    [self.encode_prompt(c) for c in chats[start : start + self.batch_size]]
+                )
+            )
         return out
 
     def _generate_batch(self, prompts: list[list[int]]) -> list[Completion]:
@@ -96,7 +100,9 @@ class TransformersGenerator:
         for row, prompt in enumerate(prompts):
             tokens = generated[row].tolist()
             ended = next((i for i, t in enumerate(tokens) if t in eos_ids), None)
-            keep = len(tokens) if ended is None else ended + 1  # keep the eos: the policy chose to stop
+            keep = (
+                len(tokens) if ended is None else ended + 1
+            )  # keep the eos: the policy chose to stop
             tokens = tokens[:keep]
             text_tokens = tokens[:-1] if ended is not None else tokens
             completions.append(
@@ -130,9 +136,16 @@ class ScriptedGenerator:
         out = []
         for chat in chats:
             text = self.answers(chat)
-            ids = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
+            ids = self.tokenizer.apply_chat_template(
+                chat, add_generation_prompt=True, tokenize=True
+            )
             if hasattr(ids, "keys"):
                 ids = ids["input_ids"]
-            tokens = [*self.tokenizer.encode(text, add_special_tokens=False), self.tokenizer.eos_token_id]
-            out.append(Completion(text=text, prompt_token_ids=list(ids), token_ids=tokens, logprobs=None))
+            tokens = [
+                *self.tokenizer.encode(text, add_special_tokens=False),
+                self.tokenizer.eos_token_id,
+            ]
+            out.append(
+                Completion(text=text, prompt_token_ids=list(ids), token_ids=tokens, logprobs=None)
+            )
         return out

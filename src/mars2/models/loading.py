@@ -23,7 +23,15 @@ class LoraSpec:
     r: int = 16
     alpha: int = 32
     dropout: float = 0.0
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    target_modules: tuple[str, ...] = (
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    )
 
 
 @dataclass(frozen=True)
@@ -43,14 +51,20 @@ class ModelSpec:
         if self.dtype not in _DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}: use one of {sorted(_DTYPES)}")
         if self.quantization not in (None, "4bit", "8bit"):
-            raise ValueError(f"unknown quantization {self.quantization!r}: use null, '4bit' or '8bit'")
+            raise ValueError(
+                f"unknown quantization {self.quantization!r}: use null, '4bit' or '8bit'"
+            )
 
 
 def _check_source(path: str) -> None:
-    looks_local = path.startswith((".", "/", "~")) or os.sep in path and not path.count("/") == 1
+    looks_local = path.startswith((".", "/", "~")) or (os.sep in path and not path.count("/") == 1)
     offline = os.environ.get("HF_HUB_OFFLINE") == "1"
     if (looks_local or offline) and not Path(path).expanduser().exists():
-        hint = " (offline: only local paths work; run `make models` for the tiny agents)" if offline else ""
+        hint = (
+            " (offline: only local paths work; run `make models` for the tiny agents)"
+            if offline
+            else ""
+        )
         raise ModelLoadError(f"model path {path!r} does not exist{hint}")
 
 
@@ -64,7 +78,9 @@ def load_tokenizer(path: str, trust_remote_code: bool = False) -> Any:
     except (OSError, ValueError) as err:
         raise ModelLoadError(f"cannot load a tokenizer from {path!r}: {err}") from err
     if not getattr(tokenizer, "chat_template", None):
-        raise ModelLoadError(f"tokenizer at {path!r} has no chat template; agents need one to be prompted")
+        raise ModelLoadError(
+            f"tokenizer at {path!r} has no chat template; agents need one to be prompted"
+        )
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token_id is None:
             raise ModelLoadError(f"tokenizer at {path!r} has neither a pad nor an eos token")
@@ -77,12 +93,18 @@ def load_policy(spec: ModelSpec) -> Any:
     from transformers import AutoModelForCausalLM
 
     _check_source(spec.path)
-    kwargs: dict[str, Any] = {"dtype": _DTYPES[spec.dtype], "trust_remote_code": spec.trust_remote_code, **spec.extra}
+    kwargs: dict[str, Any] = {
+        "dtype": _DTYPES[spec.dtype],
+        "trust_remote_code": spec.trust_remote_code,
+        **spec.extra,
+    }
     if spec.attn_implementation:
         kwargs["attn_implementation"] = spec.attn_implementation
     if spec.quantization:
         if not torch.cuda.is_available():
-            raise ModelLoadError(f"quantization={spec.quantization!r} needs a CUDA GPU (bitsandbytes)")
+            raise ModelLoadError(
+                f"quantization={spec.quantization!r} needs a CUDA GPU (bitsandbytes)"
+            )
         from transformers import BitsAndBytesConfig
 
         kwargs["quantization_config"] = BitsAndBytesConfig(
@@ -95,7 +117,9 @@ def load_policy(spec: ModelSpec) -> Any:
     except (OSError, ValueError) as err:
         raise ModelLoadError(f"cannot load a causal LM from {spec.path!r}: {err}") from err
     if spec.quantization and spec.lora is None:
-        raise ModelLoadError("a quantized base can only be trained through a LoRA adapter: set model.lora")
+        raise ModelLoadError(
+            "a quantized base can only be trained through a LoRA adapter: set model.lora"
+        )
     if spec.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     if spec.lora is not None:

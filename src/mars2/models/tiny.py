@@ -53,9 +53,7 @@ def local_python_sources(limit: int = 240) -> list[Path]:
     """Python source files of the standard library, in a fixed order (training text, offline)."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(p for p in stdlib.glob("*.py") if p.stat().st_size < 200_000)
-    from mars2.data import toy
-
-    return [Path(toy.__file__), *files[:limit]]
+    return files[:limit]
 
 
 def train_tokenizer(spec: TinySpec, sources: list[Path]):  # type: ignore[no-untyped-def]

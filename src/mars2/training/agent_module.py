@@ -48,7 +48,9 @@ class GenerationConfig:
 
     def __post_init__(self) -> None:
         if self.backend not in ("transformers", "vllm"):
-            raise ValueError(f"unknown generation backend {self.backend!r}: use 'transformers' or 'vllm'")
+            raise ValueError(
+                f"unknown generation backend {self.backend!r}: use 'transformers' or 'vllm'"
+            )
 
 
 class AgentModule(pl.LightningModule):
@@ -83,7 +85,9 @@ class AgentModule(pl.LightningModule):
 
     # -- reference and generation -----------------------------------------------------------
 
-    def reference_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor | None:
+    def reference_logprobs(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> torch.Tensor | None:
         """Log-probs of the frozen reference (the base with the adapter off when LoRA is on)."""
         if self.loss_config.beta == 0:
             return None
@@ -120,7 +124,9 @@ class AgentModule(pl.LightningModule):
 
     # -- loss -------------------------------------------------------------------------------
 
-    def compute_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def compute_loss(
+        self, batch: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Loss of one micro-batch plus detached metrics (kl, clip_fraction, entropy, ...)."""
         input_ids, attention = batch["input_ids"], batch["attention_mask"]
         mask = batch["completion_mask"]
@@ -133,7 +139,11 @@ class AgentModule(pl.LightningModule):
         # One optimizer step per rollout: the sampling policy is the current one, unless a separate
         # engine (vLLM) sampled, in which case its log-probs feed truncated importance sampling.
         old = logprobs.detach()
-        rollout = torch.where(has_rollout, batch["rollout_logprobs"], old) if self.generation_config.backend == "vllm" else None
+        rollout = (
+            torch.where(has_rollout, batch["rollout_logprobs"], old)
+            if self.generation_config.backend == "vllm"
+            else None
+        )
         loss, metrics = policy_loss(
             logprobs, old, batch["advantages"], mask, self.loss_config,
             ref_logprobs=self.reference_logprobs(input_ids, attention), rollout_logprobs=rollout,
@@ -153,15 +163,21 @@ class AgentModule(pl.LightningModule):
         if cfg.optimizer == "adamw8bit":
             import bitsandbytes as bnb
 
-            optimizer: torch.optim.Optimizer = bnb.optim.AdamW8bit(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+            optimizer: torch.optim.Optimizer = bnb.optim.AdamW8bit(
+                params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
+            )
         else:
-            optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+            optimizer = torch.optim.AdamW(
+                params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
+            )
 
         def factor(step: int) -> float:
             if cfg.warmup_steps and step < cfg.warmup_steps:
                 return (step + 1) / cfg.warmup_steps
             if cfg.schedule == "cosine":
-                progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.total_steps - cfg.warmup_steps))
+                progress = min(
+                    1.0, (step - cfg.warmup_steps) / max(1, cfg.total_steps - cfg.warmup_steps)
+                )
                 return 0.5 * (1 + math.cos(math.pi * progress))
             return 1.0
 
@@ -177,12 +193,22 @@ class AgentModule(pl.LightningModule):
             return
         optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
-        metrics = optimise_agent(self, optimizer, scheduler, samples, self.manual_backward, int(batch["counts"][self.name]))
+        metrics = optimise_agent(
+            self,
+            optimizer,
+            scheduler,
+            samples,
+            self.manual_backward,
+            int(batch["counts"][self.name]),
+        )
         self.log_dict({f"{self.name}/{k}": v for k, v in metrics.items()}, batch_size=1)
 
     def configure_optimizers(self) -> Any:
         optimizer, scheduler = self.build_optimizer()
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
 
     def save_pretrained(self, path: str) -> None:
         """Write the policy and tokenizer in Hugging Face format (loadable with Auto* classes)."""
@@ -217,7 +243,9 @@ def optimise_agent(
     if sync_gradients is not None:
         sync_gradients(agent)
     if agent.optim_config.grad_clip is not None:
-        totals["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(agent.policy.parameters(), agent.optim_config.grad_clip))
+        totals["grad_norm"] = float(
+            torch.nn.utils.clip_grad_norm_(agent.policy.parameters(), agent.optim_config.grad_clip)
+        )
     optimizer.step()
     scheduler.step()
     totals["lr"] = float(scheduler.get_last_lr()[0])

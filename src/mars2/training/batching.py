@@ -37,7 +37,9 @@ def collate(samples: Sequence[Sample], pad_id: int) -> dict[str, torch.Tensor]:
         completion_mask[row, first : first + len(completion)] = 1.0
         if sample.logprobs is not None:
             if len(sample.logprobs) != len(completion):
-                raise ValueError(f"node {sample.node_id}: {len(sample.logprobs)} log-probs for {len(completion)} tokens")
+                raise ValueError(
+                    f"node {sample.node_id}: {len(sample.logprobs)} log-probs for {len(completion)} tokens"
+                )
             rollout[row, first : first + len(completion)] = torch.tensor(sample.logprobs)
             has_rollout[row] = True
     return {
@@ -51,9 +53,13 @@ def collate(samples: Sequence[Sample], pad_id: int) -> dict[str, torch.Tensor]:
     }
 
 
-def micro_batches(samples: Sequence[Sample], size: int, pad_id: int) -> list[dict[str, torch.Tensor]]:
+def micro_batches(
+    samples: Sequence[Sample], size: int, pad_id: int
+) -> list[dict[str, torch.Tensor]]:
     """Split into micro-batches of at most `size` samples, longest first to keep padding low."""
     if size < 1:
         raise ValueError("micro-batch size must be >= 1")
-    ordered = sorted(samples, key=lambda s: len(s.prompt_token_ids) + len(s.token_ids), reverse=True)
+    ordered = sorted(
+        samples, key=lambda s: len(s.prompt_token_ids) + len(s.token_ids), reverse=True
+    )
     return [collate(ordered[i : i + size], pad_id) for i in range(0, len(ordered), size)]

@@ -18,7 +18,9 @@ log = logging.getLogger(__name__)
 class MultiAgentCallback(pl.Callback):
     """Coordinates the team around each optimisation step."""
 
-    def __init__(self, output_dir: str, save_trees_every: int = 1, save_final_agents: bool = True) -> None:
+    def __init__(
+        self, output_dir: str, save_trees_every: int = 1, save_final_agents: bool = True
+    ) -> None:
         super().__init__()
         self.output_dir = Path(output_dir)
         self.save_trees_every = save_trees_every
@@ -34,7 +36,14 @@ class MultiAgentCallback(pl.Callback):
         metric.update(value)
         return float(metric.compute())
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
         datamodule = trainer.datamodule
         data = getattr(datamodule, "last", None)
         if data is None:

@@ -45,7 +45,9 @@ class TreeSearchDataModule(pl.LightningDataModule):
 
     def _team(self) -> Any:
         if self.trainer is None:
-            raise RuntimeError("TreeSearchDataModule needs a trainer: the generators are the team's policies")
+            raise RuntimeError(
+                "TreeSearchDataModule needs a trainer: the generators are the team's policies"
+            )
         return self.trainer.lightning_module
 
     def generators(self) -> dict[str, Any]:
@@ -63,7 +65,11 @@ class TreeSearchDataModule(pl.LightningDataModule):
         per_agent = {}
         for name, samples in data.samples.items():
             agent = agents[name]
-            per_agent[name] = micro_batches(samples, agent.micro_batch_size, agent.tokenizer.pad_token_id) if samples else []
+            per_agent[name] = (
+                micro_batches(samples, agent.micro_batch_size, agent.tokenizer.pad_token_id)
+                if samples
+                else []
+            )
         return {
             "step": step,
             "agents": per_agent,

@@ -36,7 +36,9 @@ class LossConfig:
 
     def __post_init__(self) -> None:
         if self.variant not in ("grpo", "dr_grpo", "dapo", "gspo"):
-            raise ValueError(f"unknown loss variant {self.variant!r}: use grpo, dr_grpo, dapo or gspo")
+            raise ValueError(
+                f"unknown loss variant {self.variant!r}: use grpo, dr_grpo, dapo or gspo"
+            )
         if self.eps_low < 0 or self.eps_high < 0 or self.beta < 0:
             raise ValueError("eps_low, eps_high and beta must be >= 0")
 
@@ -47,7 +49,9 @@ def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.exp(delta) - delta - 1.0
 
 
-def _aggregate(per_token: torch.Tensor, mask: torch.Tensor, variant: LossVariant, max_tokens: int) -> torch.Tensor:
+def _aggregate(
+    per_token: torch.Tensor, mask: torch.Tensor, variant: LossVariant, max_tokens: int
+) -> torch.Tensor:
     if variant == "grpo" or variant == "gspo":
         return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
     if variant == "dapo":
@@ -93,7 +97,9 @@ def policy_loss(
     return loss, metrics
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+def token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
     """log p(target) per position from logits [B, T, V] (already aligned with targets [B, T])."""
     logits = logits.float() / temperature
     return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)

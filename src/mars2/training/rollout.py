@@ -83,12 +83,18 @@ class RolloutEngine:
         self.agent_statistics = agent_statistics
         self.overlong_penalty = overlong_penalty
 
-    def run(self, step: int, generators: Mapping[str, Any], rank: int = 0, world: int = 1) -> StepData:
+    def run(
+        self, step: int, generators: Mapping[str, Any], rank: int = 0, world: int = 1
+    ) -> StepData:
         problems = self.schedule.for_step(step, rank, world)
         seed = [self.schedule.seed, step, rank]
-        torch.manual_seed(int(np.random.default_rng(seed).integers(2**31)))  # sampling in generate()
+        torch.manual_seed(
+            int(np.random.default_rng(seed).integers(2**31))
+        )  # sampling in generate()
         began = time.perf_counter()
-        trees = self.search.grow(problems, generators, self.grader, np.random.default_rng(seed), step=step)
+        trees = self.search.grow(
+            problems, generators, self.grader, np.random.default_rng(seed), step=step
+        )
         elapsed = time.perf_counter() - began
         if self.overlong_penalty:
             for tree in trees:
@@ -98,7 +104,9 @@ class RolloutEngine:
         samples = route_samples(trees, generators.keys(), self.advantages)
         return StepData(step, trees, samples, self._metrics(trees, samples, elapsed))
 
-    def _metrics(self, trees: list[SearchTree], samples: dict[str, list[Sample]], elapsed: float) -> dict[str, float]:
+    def _metrics(
+        self, trees: list[SearchTree], samples: dict[str, list[Sample]], elapsed: float
+    ) -> dict[str, float]:
         nodes = [n for t in trees for n in t.answers()]
         total = max(1, len(nodes))
         metrics = {
@@ -116,6 +124,10 @@ class RolloutEngine:
         for name in samples:
             mine = [n for n in nodes if n.agent == name]
             metrics[f"{name}/expansion_share"] = len(mine) / total
-            metrics[f"{name}/reward_mean"] = float(np.mean([n.reward for n in mine])) if mine else 0.0
-            metrics[f"{name}/solve_rate"] = float(np.mean([n.private_passed for n in mine])) if mine else 0.0
+            metrics[f"{name}/reward_mean"] = (
+                float(np.mean([n.reward for n in mine])) if mine else 0.0
+            )
+            metrics[f"{name}/solve_rate"] = (
+                float(np.mean([n.private_passed for n in mine])) if mine else 0.0
+            )
         return metrics

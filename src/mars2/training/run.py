@@ -22,7 +22,11 @@ log = logging.getLogger(__name__)
 
 # Known and intended: batches are pulled with `dataloader_iter` (no prefetch, so rollouts are
 # on-policy) and checkpoints hold the post-step state of manually optimised agents.
-for _pattern in (".*dataloader_iter.*", ".*pre-optimization state.*", ".*isinstance\\(treespec, LeafSpec\\).*"):
+for _pattern in (
+    ".*dataloader_iter.*",
+    ".*pre-optimization state.*",
+    ".*isinstance\\(treespec, LeafSpec\\).*",
+):
     warnings.filterwarnings("ignore", message=_pattern)
 
 
@@ -40,7 +44,11 @@ def build_agents(cfg: DictConfig) -> dict[str, AgentModule]:
 
 
 def build_callbacks(cfg: DictConfig) -> list[pl.Callback]:
-    return [hydra.utils.instantiate(c, _convert_="all") for c in (cfg.get("callbacks") or {}).values() if c]
+    return [
+        hydra.utils.instantiate(c, _convert_="all")
+        for c in (cfg.get("callbacks") or {}).values()
+        if c
+    ]
 
 
 def build_logger(cfg: DictConfig) -> Any:
@@ -71,21 +79,27 @@ def build_run(cfg: DictConfig) -> tuple[Any, TreeSearchDataModule, pl.Trainer, A
     )
     datamodule = TreeSearchDataModule(engine, max_steps=cfg.steps)
     logger = build_logger(cfg)
-    trainer = hydra.utils.instantiate(cfg.trainer, callbacks=build_callbacks(cfg), logger=logger, _convert_="all")
+    trainer = hydra.utils.instantiate(
+        cfg.trainer, callbacks=build_callbacks(cfg), logger=logger, _convert_="all"
+    )
+    if logger:
+        logger.log_hyperparams(_flat_params(cfg))
     return module, datamodule, trainer, sandbox
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit the team; returns the last logged metrics."""
     module, datamodule, trainer, sandbox = build_run(cfg)
-    if trainer.logger and hasattr(trainer.logger, "log_hyperparams"):
-        trainer.logger.log_hyperparams(_flat_params(cfg))
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
     finally:
         sandbox.close()
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    log.info("finished at step %d: %s", trainer.global_step, {k: round(v, 4) for k, v in metrics.items() if "/" not in k})
+    log.info(
+        "finished at step %d: %s",
+        trainer.global_step,
+        {k: round(v, 4) for k, v in metrics.items() if "/" not in k},
+    )
     return metrics
 
 

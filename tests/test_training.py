@@ -1,0 +1,217 @@
+"""Training on the tiny agents: per-agent updates, idle agents, resume, MLflow, DDP on 2 CPU processes."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from mars2.data.toy import toy_problems
+from mars2.generation.transformers_backend import ScriptedGenerator
+from mars2.search.tree import load_trees
+from mars2.training.agent_module import AgentModule, optimise_agent
+from mars2.training.batching import micro_batches
+from mars2.training.rollout import RolloutEngine
+from mars2.training.run import build_run
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+REFERENCE = {p.statement: p.metadata["reference_solution"] for p in toy_problems()}
+
+
+def scripted_answer(chat: list[dict[str, str]]) -> str:
+    """Right or wrong, decided by a hash of the prompt: mixed rewards, reproducible across runs."""
+    text = chat[-1]["content"]
+    statement = next(s for s in REFERENCE if s in text)
+    right = int(hashlib.sha256(text.encode()).hexdigest(), 16) % 2 == 0
+    code = REFERENCE[statement] if right else "print('nope')\n"
+    return f"Here it is.\n```python\n{code}```"
+
+
+def compose_run(tmp: Path, tiny: Path, *overrides: str) -> Any:
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        cfg = compose(
+            config_name="train",
+            overrides=[
+                "experiment=tiny_pair",
+                f"paths.output_dir={tmp}",
+                f"paths.tiny_models_dir={tiny}",
+                f"paths.log_dir={tmp}/logs",
+                "~callbacks.progress",
+                "problems_per_step=2",
+                "search.config.max_nodes=6",
+                "sandbox.num_workers=2",
+                "+trainer.enable_progress_bar=false",
+                *overrides,
+            ],
+        )
+    return cfg
+
+
+def snapshot(agent: AgentModule) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in agent.policy.state_dict().items()}
+
+
+def changed(before: dict[str, torch.Tensor], agent: AgentModule) -> bool:
+    return any(not torch.equal(before[k], v) for k, v in agent.policy.state_dict().items())
+
+
+def script_all(module: Any) -> None:
+    for agent in module.agents.values():
+        agent.generator = ScriptedGenerator(agent.tokenizer, scripted_answer)
+
+
+def test_one_step_updates_each_agent_with_only_its_own_nodes(
+    tmp_path: Path, tiny_models_dir: Path
+) -> None:
+    cfg = compose_run(
+        tmp_path,
+        tiny_models_dir,
+        "steps=1",
+        "logger=mlflow",
+        "callbacks.checkpoint.every_n_train_steps=1",
+    )
+    module, datamodule, trainer, sandbox = build_run(cfg)
+    script_all(module)
+    before = {name: snapshot(agent) for name, agent in module.agents.items()}
+    try:
+        trainer.fit(module, datamodule=datamodule)
+    finally:
+        sandbox.close()
+    data = datamodule.last
+    for name, agent in module.agents.items():
+        samples = data.samples[name]
+        assert samples, f"{name} made no trainable nodes"
+        assert all(s.agent == name for s in samples)
+        owners = {data.trees[s.tree_index].nodes[s.node_id].agent for s in samples}
+        assert owners == {name}
+        assert changed(before[name], agent)
+
+        # Replaying this agent's own samples alone from its starting weights gives the same weights:
+        # nothing from the other agent's nodes went into its update.
+        replica = AgentModule(
+            name,
+            agent.model_spec,
+            agent.generation_config,
+            agent.optim_config,
+            agent.loss_config,
+            agent.micro_batch_size,
+        )
+        replica.policy.load_state_dict(before[name])
+        optimizer, scheduler = replica.build_optimizer()
+        batches = micro_batches(samples, agent.micro_batch_size, agent.tokenizer.pad_token_id)
+        optimise_agent(
+            replica, optimizer, scheduler, batches, lambda loss: loss.backward(), len(samples)
+        )
+        for key, value in agent.policy.state_dict().items():
+            torch.testing.assert_close(
+                replica.policy.state_dict()[key], value, rtol=1e-5, atol=1e-6
+            )
+
+    # MLflow got the run, its params, per-agent metrics and the tree artifacts; a checkpoint exists.
+    import mlflow
+
+    client = mlflow.tracking.MlflowClient(tracking_uri=cfg.logger.tracking_uri)
+    run = client.get_run(trainer.logger.run_id)
+    assert run.data.params["experiment_name"] == "tiny_pair"
+    assert {"tiny_qwen3/expansion_share", "tiny_llama/loss", "solve_rate"} <= set(run.data.metrics)
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "trees")]
+    assert list((tmp_path / "checkpoints").glob("*.ckpt"))
+    assert (tmp_path / "agents" / "tiny_llama" / "config.json").exists()
+
+
+class _QwenOnly(RolloutEngine):
+    """Routes nothing to tiny_llama, as when an agent produced no nodes in a step."""
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        data = super().run(*args, **kwargs)
+        data.samples["tiny_llama"] = []
+        return data
+
+
+def test_agent_without_nodes_is_untouched(tmp_path: Path, tiny_models_dir: Path) -> None:
+    cfg = compose_run(
+        tmp_path, tiny_models_dir, "steps=1", "logger=none", "callbacks.checkpoint=null"
+    )
+    module, datamodule, trainer, sandbox = build_run(cfg)
+    engine = datamodule.engine
+    datamodule.engine = _QwenOnly(engine.schedule, engine.search, engine.grader, engine.advantages)
+    script_all(module)
+    before = {name: snapshot(agent) for name, agent in module.agents.items()}
+    try:
+        trainer.fit(module, datamodule=datamodule)
+    finally:
+        sandbox.close()
+    assert changed(before["tiny_qwen3"], module.agents["tiny_qwen3"])
+    assert not changed(before["tiny_llama"], module.agents["tiny_llama"])
+    llama_optimizer = trainer.optimizers[module.agent_names.index("tiny_llama")]
+    assert not llama_optimizer.state  # never stepped: no Adam moments either
+
+
+def _resume_run(tmp: Path, tiny: Path, *overrides: str) -> tuple[Any, Any]:
+    cfg = compose_run(
+        tmp,
+        tiny,
+        "steps=2",
+        "logger=none",
+        "callbacks.checkpoint.every_n_train_steps=1",
+        *overrides,
+    )
+    module, datamodule, trainer, sandbox = build_run(cfg)
+    llama = module.agents["tiny_llama"]
+    llama.generator = ScriptedGenerator(llama.tokenizer, scripted_answer)  # qwen samples for real
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+    finally:
+        sandbox.close()
+    return module, datamodule
+
+
+def test_resume_reproduces_the_next_batch(tmp_path: Path, tiny_models_dir: Path) -> None:
+    first = tmp_path / "first"
+    _resume_run(first, tiny_models_dir)
+    checkpoint = next(
+        p for p in (first / "checkpoints").glob("*.ckpt") if p.name == "step_000001.ckpt"
+    )
+    second = tmp_path / "second"
+    _, datamodule = _resume_run(second, tiny_models_dir, f"ckpt_path={checkpoint}")
+    assert datamodule.last.step == 1
+    assert not (second / "trees" / "step_000000_rank0.jsonl").exists()  # step 0 was not redone
+    original = load_trees(first / "trees" / "step_000001_rank0.jsonl")
+    resumed = load_trees(second / "trees" / "step_000001_rank0.jsonl")
+    assert [t.problem.id for t in resumed] == [t.problem.id for t in original]
+    assert [[n.completion for n in t.answers()] for t in resumed] == [
+        [n.completion for n in t.answers()] for t in original
+    ]
+    assert [[n.agent for n in t.answers()] for t in resumed] == [
+        [n.agent for n in t.answers()] for t in original
+    ]
+
+
+def test_ddp_on_two_cpu_processes_runs_two_steps(tmp_path: Path, tiny_models_dir: Path) -> None:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MARS2_TINY_MODELS": str(tiny_models_dir)}
+    command = [
+        sys.executable, str(REPO / "src/mars2/train.py"), "experiment=tiny_pair", "debug=fast",
+        "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true",
+        "logger=csv", "advantage.filter_degenerate=false", "sandbox.num_workers=1",
+        "~callbacks.progress", "+trainer.enable_progress_bar=false", f"hydra.run.dir={tmp_path}",
+    ]  # fmt: skip
+    result = subprocess.run(
+        command, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    for step in (0, 1):
+        for rank in (0, 1):
+            trees = load_trees(tmp_path / "trees" / f"step_{step:06d}_rank{rank}.jsonl")
+            assert len(trees) == 2
+    rank0 = {t.problem.id for t in load_trees(tmp_path / "trees" / "step_000000_rank0.jsonl")}
+    rank1 = {t.problem.id for t in load_trees(tmp_path / "trees" / "step_000000_rank1.jsonl")}
+    assert not rank0 & rank1  # each rank grew its own slice of the step's problems
+    assert (tmp_path / "agents" / "tiny_qwen3" / "config.json").exists()
