@@ -155,6 +155,7 @@ def test_strong_agent_gets_most_expansions() -> None:
             trees = search.grow(
                 problems[start : start + 40], team, SimulatedGrader(), np.random.default_rng(start)
             )
+            search.agent_statistics.update(trees)  # as the training callback does after each step
             counter.update(n.agent for t in trees for n in t.answers())
         counts[scope] = counter
     assert counts["tree"]["strong"] > counts["tree"]["weak"]

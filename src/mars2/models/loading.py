@@ -57,7 +57,7 @@ class ModelSpec:
 
 
 def _check_source(path: str) -> None:
-    looks_local = path.startswith((".", "/", "~")) or (os.sep in path and not path.count("/") == 1)
+    looks_local = path.startswith((".", "/", "~")) or (os.sep in path and path.count("/") != 1)
     offline = os.environ.get("HF_HUB_OFFLINE") == "1"
     if (looks_local or offline) and not Path(path).expanduser().exists():
         hint = (

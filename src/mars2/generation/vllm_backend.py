@@ -1,0 +1,100 @@
+"""A vLLM generator (GPU only; ``pip install 'mars2[gpu]'``), behind the same interface.
+
+One in-process engine per agent, colocated with training: after each optimizer step the trainer's
+weights are loaded into the engine (`sync_weights`), the prefix cache is reset (cached KV blocks
+belong to the old weights), and with ``enable_sleep_mode`` the engine's memory is released while
+the trainer runs. Log-probs of the sampled tokens come back for truncated importance sampling.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from mars2.generation.base import Completion, Messages
+
+
+def _engine_model(llm: Any) -> Any:
+    """The torch model inside an in-process vLLM engine (the attribute path moved across versions)."""
+    executor = llm.llm_engine.model_executor
+    worker = executor.driver_worker
+    worker = getattr(worker, "worker", worker)
+    return worker.model_runner.model
+
+
+class VLLMGenerator:
+    """Samples with vLLM; `sync_weights(policy)` pushes the trainer's current weights in."""
+
+    def __init__(self, model_spec: Any, tokenizer: Any, config: Any) -> None:
+        try:
+            import vllm
+        except ImportError as err:
+            raise ImportError("generation.backend=vllm needs the gpu extra: pip install 'mars2[gpu]'") from err
+        # Weight loading reaches into the engine: keep it in this process.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        extra = dict(config.vllm or {})
+        self.sleep_mode = bool(extra.pop("enable_sleep_mode", False))
+        self.llm = vllm.LLM(
+            model=model_spec.path,
+            dtype=model_spec.dtype,
+            gpu_memory_utilization=extra.pop("gpu_memory_utilization", 0.3),
+            enable_prefix_caching=extra.pop("enable_prefix_caching", True),
+            enable_sleep_mode=self.sleep_mode,
+            max_model_len=extra.pop("max_model_len", None),
+            trust_remote_code=model_spec.trust_remote_code,
+            **extra,
+        )
+        self.sampling = vllm.SamplingParams(
+            n=1,
+            temperature=config.temperature,
+            top_p=config.top_p,
+            max_tokens=config.max_new_tokens,
+            logprobs=0,  # the sampled token's log-prob
+        )
+        self.tokenizer = tokenizer
+        self.max_prompt_tokens = config.max_prompt_tokens
+        self.weights_version = 0
+        self._asleep = False
+
+    def encode_prompt(self, chat: Messages) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
+            ids = ids[-self.max_prompt_tokens :]
+        return ids
+
+    def generate(self, chats: Sequence[Messages]) -> list[Completion]:
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
+        prompts = [self.encode_prompt(c) for c in chats]
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], self.sampling, use_tqdm=False)
+        completions = []
+        for prompt, output in zip(prompts, outputs, strict=True):
+            sample = output.outputs[0]
+            tokens = list(sample.token_ids)
+            logprobs = [step[token].logprob for step, token in zip(sample.logprobs or [], tokens, strict=False)]
+            completions.append(
+                Completion(
+                    text=sample.text,
+                    prompt_token_ids=prompt,
+                    token_ids=tokens,
+                    logprobs=logprobs if len(logprobs) == len(tokens) else None,
+                    truncated=sample.finish_reason == "length",
+                )
+            )
+        if self.sleep_mode:
+            self.llm.sleep(level=1)
+            self._asleep = True
+        return completions
+
+    def sync_weights(self, policy: Any) -> None:
+        """Load the trainer's weights (LoRA merged) into the engine and drop stale KV cache."""
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
+        model = policy.merge_and_unload() if hasattr(policy, "merge_and_unload") and hasattr(policy, "peft_config") else policy
+        _engine_model(self.llm).load_weights(((name, p.detach()) for name, p in model.state_dict().items()))
+        self.llm.reset_prefix_cache()
+        self.weights_version += 1
