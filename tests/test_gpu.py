@@ -21,7 +21,9 @@ def test_vllm_generates_and_takes_new_weights(tiny_models_dir: Path) -> None:
 
     path = str(tiny_models_dir / "tiny_qwen3")
     tokenizer = load_tokenizer(path)
-    config = GenerationConfig(backend="vllm", max_new_tokens=16, vllm={"gpu_memory_utilization": 0.2})
+    config = GenerationConfig(
+        backend="vllm", max_new_tokens=16, vllm={"gpu_memory_utilization": 0.2}
+    )
     generator = VLLMGenerator(ModelSpec(path=path), tokenizer, config)
     chats = [[{"role": "user", "content": "print a number"}]] * 4
     first = generator.generate(chats)

@@ -30,7 +30,9 @@ class VLLMGenerator:
         try:
             import vllm
         except ImportError as err:
-            raise ImportError("generation.backend=vllm needs the gpu extra: pip install 'mars2[gpu]'") from err
+            raise ImportError(
+                "generation.backend=vllm needs the gpu extra: pip install 'mars2[gpu]'"
+            ) from err
         # Weight loading reaches into the engine: keep it in this process.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         extra = dict(config.vllm or {})
@@ -69,12 +71,17 @@ class VLLMGenerator:
             self.llm.wake_up()
             self._asleep = False
         prompts = [self.encode_prompt(c) for c in chats]
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], self.sampling, use_tqdm=False)
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": p} for p in prompts], self.sampling, use_tqdm=False
+        )
         completions = []
         for prompt, output in zip(prompts, outputs, strict=True):
             sample = output.outputs[0]
             tokens = list(sample.token_ids)
-            logprobs = [step[token].logprob for step, token in zip(sample.logprobs or [], tokens, strict=False)]
+            logprobs = [
+                step[token].logprob
+                for step, token in zip(sample.logprobs or [], tokens, strict=False)
+            ]
             completions.append(
                 Completion(
                     text=sample.text,
@@ -94,7 +101,13 @@ class VLLMGenerator:
         if self._asleep:
             self.llm.wake_up()
             self._asleep = False
-        model = policy.merge_and_unload() if hasattr(policy, "merge_and_unload") and hasattr(policy, "peft_config") else policy
-        _engine_model(self.llm).load_weights(((name, p.detach()) for name, p in model.state_dict().items()))
+        model = (
+            policy.merge_and_unload()
+            if hasattr(policy, "merge_and_unload") and hasattr(policy, "peft_config")
+            else policy
+        )
+        _engine_model(self.llm).load_weights(
+            ((name, p.detach()) for name, p in model.state_dict().items())
+        )
         self.llm.reset_prefix_cache()
         self.weights_version += 1

@@ -1,0 +1,232 @@
+"""Evaluation: pass@k against brute force, oracle runs on HumanEval, resumability, tree pages."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mars2.data.humaneval import load_humaneval
+from mars2.data.toy import toy_problems
+from mars2.eval.passk import pass_at_k
+from mars2.eval.runner import (
+    ResultStore,
+    best_public_node,
+    evaluate_sampling,
+    evaluate_tree,
+    summarise_sampling,
+    summarise_tree,
+)
+from mars2.eval.tree_view import plot_training_overview, render_tree_html, write_tree_pages
+from mars2.generation.oracle import OracleGenerator, reference_solution
+from mars2.sandbox.grader import Grader
+from mars2.search.runner import SearchConfig
+from mars2.search.simulated import SimulatedAgent, SimulatedGrader, simulated_problems
+from mars2.search.tree import SearchTree
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def brute_force_pass_at_k(n: int, c: int, k: int) -> float:
+    outcomes = [True] * c + [False] * (n - c)
+    subsets = list(itertools.combinations(range(n), k))
+    return sum(any(outcomes[i] for i in s) for s in subsets) / len(subsets)
+
+
+@given(n=st.integers(1, 9), data=st.data())
+def test_pass_at_k_matches_brute_force(n: int, data) -> None:
+    c = data.draw(st.integers(0, n))
+    k = data.draw(st.integers(1, n))
+    assert pass_at_k(n, c, k) == pytest.approx(brute_force_pass_at_k(n, c, k))
+
+
+class _Flaky(OracleGenerator):
+    """Right on every other call per problem: known, nonzero pass counts."""
+
+    def __init__(self, problems) -> None:
+        self.calls: dict[str, int] = {}
+        super().__init__(problems, self._answer)
+
+    def _answer(self, problem) -> str:
+        count = self.calls[problem.id] = self.calls.get(problem.id, 0) + 1
+        return (
+            reference_solution(problem)
+            if count % 2 == 1 or problem.id.endswith("0")
+            else "def nothing(): pass"
+        )
+
+
+def test_sampling_summary_matches_brute_force_counts(sandbox, tmp_path: Path) -> None:
+    problems = load_humaneval()[:6]
+    store = ResultStore(tmp_path / "s.jsonl")
+    evaluate_sampling(problems, _Flaky(problems), Grader(sandbox), samples=3, store=store)
+    rows = list(store.rows.values())
+    assert [r["correct"] for r in rows] == [3, 2, 2, 2, 2, 2]
+    summary = summarise_sampling("flaky", rows)
+    for k in (1, 2, 3):
+        expected = np.mean([brute_force_pass_at_k(r["n"], r["correct"], k) for r in rows])
+        assert summary.metrics[f"pass@{k}"] == pytest.approx(expected)
+    assert summary.breakdown["platform=humaneval"]["problems"] == 6
+
+
+@pytest.mark.slow
+def test_oracle_scores_one_and_broken_scores_zero_on_humaneval(tmp_path: Path) -> None:
+    from mars2.sandbox.local import LocalSandbox
+
+    problems = load_humaneval()
+    with LocalSandbox(per_test_timeout=3.0, job_timeout=10.0) as box:
+        grader = Grader(box)
+        good, bad = ResultStore(tmp_path / "good.jsonl"), ResultStore(tmp_path / "bad.jsonl")
+        evaluate_sampling(problems, OracleGenerator(problems), grader, 1, good)
+        evaluate_sampling(
+            problems,
+            OracleGenerator(problems, lambda p: p.statement + "    return None\n"),
+            grader,
+            1,
+            bad,
+        )
+    assert summarise_sampling("oracle", list(good.rows.values())).metrics["pass@1"] == 1.0
+    assert summarise_sampling("broken", list(bad.rows.values())).metrics["pass@1"] == 0.0
+
+
+class _Counting(OracleGenerator):
+    def __init__(self, problems) -> None:
+        super().__init__(problems)
+        self.prompts = 0
+
+    def generate(self, chats):
+        self.prompts += len(chats)
+        return super().generate(chats)
+
+
+def test_interrupted_eval_resumes_without_regrading(sandbox, tmp_path: Path) -> None:
+    problems = toy_problems()[:6]
+    path = tmp_path / "r.jsonl"
+    first = _Counting(problems)
+    evaluate_sampling(
+        problems[:4], first, Grader(sandbox), 2, ResultStore(path)
+    )  # "interrupted" after 4
+    again = _Counting(problems)
+    store = ResultStore(path)
+    evaluate_sampling(problems, again, Grader(sandbox), 2, store)
+    assert first.prompts == 8 and again.prompts == 4  # only the 2 unfinished problems
+    assert len(store.rows) == 6 and len(path.read_text().splitlines()) == 6
+
+
+def test_mcts_answer_is_best_public_latest_on_ties() -> None:
+    tree = SearchTree.new(simulated_problems(1)[0])
+    tree.add(0, agent="a", public_pass_rate=0.5, private_passed=False)
+    tree.add(0, agent="a", public_pass_rate=1.0, private_passed=False)
+    tree.add(1, agent="b", public_pass_rate=1.0, private_passed=True)
+    chosen = best_public_node(tree)
+    assert chosen is not None and chosen.id == 3
+
+
+def test_tree_eval_metrics_on_the_simulator(tmp_path: Path) -> None:
+    problems = simulated_problems(40)
+    store = ResultStore(tmp_path / "t.jsonl")
+    team = {"a": SimulatedAgent(0.3, seed=1), "b": SimulatedAgent(0.1, seed=2)}
+    evaluate_tree(
+        problems, team, SimulatedGrader(), SearchConfig(max_nodes=6), store, 0, tmp_path / "trees"
+    )
+    summary = summarise_tree("team", list(store.rows.values()))
+    rows = list(store.rows.values())
+    assert summary.metrics["pass@N"] == pytest.approx(np.mean([r["any_pass"] for r in rows]))
+    assert summary.metrics["pass@1(mcts)"] <= summary.metrics["pass@N"]
+    assert all(r["nodes"] == 6 or r["any_pass"] for r in rows)
+    assert list((tmp_path / "trees").glob("*.jsonl"))
+
+
+def _small_tree() -> SearchTree:
+    problem = toy_problems()[0]
+    tree = SearchTree.new(problem)
+    tree.add(0, agent="tiny_qwen3", reward=0.0, code="print(0)\n", messages=[{"role": "user", "content": problem.statement}],
+             feedback=[{"verdict": "wrong_answer", "input": "1 2", "expected": "3", "actual": "0", "error": ""}])  # fmt: skip
+    tree.add(
+        1, agent="tiny_llama", reward=1.0, code=reference_solution(problem), private_passed=True
+    )
+    tree.add(0, agent="tiny_llama", reward=0.0, code=None)
+    return tree
+
+
+def test_tree_page_is_self_contained_and_lists_every_node(tmp_path: Path) -> None:
+    page = render_tree_html(_small_tree())
+    assert page.count('class="node"') == 4  # root + 3 answers
+    assert "tiny_qwen3" in page and "tiny_llama" in page and "wrong_answer" in page
+    assert not re.search(r'(src|href)="', page)  # no external assets: scripts and styles are inline
+    paths = write_tree_pages([_small_tree()], tmp_path)
+    assert paths[0].read_text() == page
+
+
+def test_training_overview_plot(tmp_path: Path) -> None:
+    out = plot_training_overview(
+        {0: [_small_tree()], 1: [_small_tree()]}, tmp_path / "overview.png"
+    )
+    assert out.stat().st_size > 5000 and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.skipif(
+    shutil.which("chromium") is None, reason="Chromium is not installed (.ci/run installs it)"
+)
+def test_tree_page_renders_in_headless_chromium(tmp_path: Path) -> None:
+    from PIL import Image
+
+    from mars2.search.tree import save_trees
+
+    trees_file = tmp_path / "trees.jsonl"
+    save_trees([_small_tree()], trees_file)
+    png = tmp_path / "tree.png"
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts/view_tree.py"), str(trees_file), "--screenshot", str(png), "--no-open"],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    image = Image.open(png).convert("RGB")
+    colours = image.getcolors(maxcolors=1 << 20) or []
+    greenish = sum(
+        count for count, (r, g, b) in colours if g > 150 and r < 100
+    )  # the solved node's fill
+    assert image.size == (1400, 900) and len(colours) > 50 and greenish > 200
+
+
+@pytest.mark.slow
+def test_eval_cli_end_to_end_on_humaneval_with_tiny_models(
+    tmp_path: Path, tiny_models_dir: Path
+) -> None:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MARS2_TINY_MODELS": str(tiny_models_dir)}
+    command = [
+        sys.executable, str(REPO / "src/mars2/eval.py"), "experiment=tiny_pair", "data=humaneval",
+        "eval.limit=2", "eval.samples=2", "eval.tree_budget=3", f"hydra.run.dir={tmp_path}",
+        f"paths.log_dir={tmp_path}/logs", "agents.tiny_qwen3.generation.max_new_tokens=24",
+        "agents.tiny_llama.generation.max_new_tokens=24",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summaries = {s["name"]: s for s in json.loads((tmp_path / "results.json").read_text())}
+    assert set(summaries) == {
+        "tiny_qwen3",
+        "tiny_qwen3+tree",
+        "tiny_llama",
+        "tiny_llama+tree",
+        "team+tree",
+    }
+    for name in ("tiny_qwen3", "tiny_llama"):
+        rows = [
+            json.loads(x)
+            for x in (tmp_path / "results" / f"{name}_sampling.jsonl").read_text().splitlines()
+        ]
+        for k in (1, 2):
+            expected = np.mean([brute_force_pass_at_k(r["n"], r["correct"], k) for r in rows])
+            assert summaries[name]["metrics"][f"pass@{k}"] == pytest.approx(expected)
+    assert "pass@1" in result.stdout and "team+tree" in result.stdout
+    assert (tmp_path / "results.csv").exists() and list((tmp_path / "tree_pages").glob("*.html"))
