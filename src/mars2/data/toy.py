@@ -355,3 +355,42 @@ def split_problems(
     train = [p for i, p in enumerate(problems) if i % holdout_every != holdout_every - 1]
     held = [p for i, p in enumerate(problems) if i % holdout_every == holdout_every - 1]
     return train, held
+
+
+_ARITH_OPS = {
+    "+": ("plus", lambda n, k: n + k),
+    "-": ("minus", lambda n, k: n - k),
+    "*": ("times", lambda n, k: n * k),
+}
+
+
+def arithmetic_problems(
+    max_k: int = 99, num_public: int = 2, num_private: int = 3, seed: int = 0
+) -> list[Problem]:
+    """'Read n, print n <op> K' for K = 1..max_k and op in + - *: the learning demo's task.
+
+    A tiny model can learn the program shape from a short warm start on some K; solving a new K
+    needs copying it from the statement, which RL then sharpens.
+    """
+    problems = []
+    total = num_public + num_private
+    for symbol, (word, fn) in _ARITH_OPS.items():
+        for k in range(1, max_k + 1):
+            rng = random.Random(f"{seed}-arith-{word}-{k}")
+            inputs = [rng.randint(-50, 50) for _ in range(total)]
+            cases = [TestCase(str(n), str(fn(n, k))) for n in inputs]
+            problems.append(
+                Problem(
+                    id=f"arith/{word}{k}",
+                    statement=f"Read an integer n from standard input and print n {symbol} {k}.",
+                    test_kind=TestKind.STDIN,
+                    public_tests=tuple(cases[:num_public]),
+                    private_tests=tuple(cases[num_public:]),
+                    metadata={
+                        "source": "arith",
+                        "difficulty": word,
+                        "reference_solution": f"print(int(input()) {symbol} {k})\n",
+                    },
+                )
+            )
+    return problems

@@ -97,17 +97,27 @@ class VLLMGenerator:
         return completions
 
     def sync_weights(self, policy: Any) -> None:
-        """Load the trainer's weights (LoRA merged) into the engine and drop stale KV cache."""
+        """Load the trainer's weights (LoRA merged in) into the engine and drop stale KV cache."""
         if self._asleep:
             self.llm.wake_up()
             self._asleep = False
-        model = (
-            policy.merge_and_unload()
-            if hasattr(policy, "merge_and_unload") and hasattr(policy, "peft_config")
-            else policy
-        )
-        _engine_model(self.llm).load_weights(
-            ((name, p.detach()) for name, p in model.state_dict().items())
-        )
+        _engine_model(self.llm).load_weights(merged_weights(policy))
         self.llm.reset_prefix_cache()
         self.weights_version += 1
+
+
+def merged_weights(policy: Any) -> list[tuple[str, Any]]:
+    """(name, tensor) pairs in the base model's naming; a LoRA adapter is merged in and out again."""
+    if not hasattr(policy, "peft_config"):
+        return [(name, p.detach()) for name, p in policy.state_dict().items()]
+    policy.merge_adapter()
+    try:
+        weights = []
+        for name, p in policy.state_dict().items():
+            if "lora_" in name:
+                continue
+            clean = name.removeprefix("base_model.model.").replace(".base_layer", "")
+            weights.append((clean, p.detach().clone()))
+        return weights
+    finally:
+        policy.unmerge_adapter()

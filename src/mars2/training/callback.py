@@ -79,3 +79,48 @@ class MultiAgentCallback(pl.Callback):
             target = self.output_dir / "agents" / name
             agent.save_pretrained(str(target))
             log.info("saved agent %s to %s", name, target)
+
+
+class HeldOutEvalCallback(pl.Callback):
+    """Every `every` steps (and before the first), each agent's pass@1 on held-out problems.
+
+    Uses the agents' own generators (same temperature as training) and the run's grader; logs
+    ``heldout/<agent>/pass@1`` and keeps the curve in `history` as (step, agent, pass@1).
+    """
+
+    def __init__(self, problems: Any, every: int = 5, samples: int = 2) -> None:
+        super().__init__()
+        self.problems = list(problems)
+        self.every = every
+        self.samples = samples
+        self.history: list[tuple[int, str, float]] = []
+
+    def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int) -> None:
+        import tempfile
+
+        from mars2.eval.runner import ResultStore, evaluate_sampling, summarise_sampling
+
+        grader = trainer.datamodule.engine.grader
+        for name, agent in MultiAgentCallback._agents(pl_module).items():
+            with tempfile.TemporaryDirectory() as tmp:
+                store = ResultStore(f"{tmp}/heldout.jsonl")
+                evaluate_sampling(self.problems, agent.generator, grader, self.samples, store)
+                score = summarise_sampling(name, list(store.rows.values())).metrics["pass@1"]
+            self.history.append((step, name, score))
+            if trainer.logger:
+                trainer.logger.log_metrics({f"heldout/{name}/pass@1": score}, step=step)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._evaluate(trainer, pl_module, 0)
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        step = trainer.datamodule.last.step + 1  # steps completed so far
+        if step % self.every == 0:
+            self._evaluate(trainer, pl_module, step)

