@@ -5,7 +5,7 @@ problems, so that they emit runnable code. Then each method trains from those we
 problems with the same number of generated completions per step, and the held-out solve rate
 (pass@1) is measured every few steps. Writes a PNG and a JSON of the curves and prints the table.
 
-    python scripts/learning_curve.py --steps 30 --out logs/learning_curve
+    python scripts/learning_curve.py --steps 40 --out logs/learning_curve
 """
 
 from __future__ import annotations
@@ -132,16 +132,16 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=REPO / "logs" / "learning_curve")
     parser.add_argument("--tiny", type=Path, default=REPO / ".cache" / "tiny_models")
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--problems-per-step", type=int, default=4)
     parser.add_argument(
         "--nodes", type=int, default=8, help="completions per problem per step, every method"
     )
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--eval-samples", type=int, default=2)
-    parser.add_argument("--warm-epochs", type=int, default=35)
+    parser.add_argument("--warm-epochs", type=int, default=45)
     parser.add_argument("--temperature", type=float, default=0.8)
-    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

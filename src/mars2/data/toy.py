@@ -6,6 +6,7 @@ reference solution in ``metadata["reference_solution"]`` (the test suite checks 
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from collections.abc import Callable
@@ -45,6 +46,14 @@ def _int_list(rng: random.Random) -> str:
 
 def _word(rng: random.Random) -> str:
     return "".join(rng.choice("abcdeioxyz") for _ in range(rng.randint(1, 9)))
+
+
+def _scaled(text: str, k: int) -> str:
+    return str(int(text) * k)
+
+
+def _shifted(text: str, k: int) -> str:
+    return str(int(text) + k)
 
 
 def _ints_of(text: str) -> list[int]:
@@ -171,7 +180,7 @@ def _stdin_families() -> list[_StdinFamily]:
                 f"Read an integer n from standard input and print n * {k}.",
                 f"print(int(input()) * {k})\n",
                 lambda rng: str(rng.randint(-100, 100)),
-                lambda s, k=k: str(int(s) * k),
+                functools.partial(_scaled, k=k),
             )
         )
         fams.append(
@@ -180,7 +189,7 @@ def _stdin_families() -> list[_StdinFamily]:
                 f"Read an integer n from standard input and print n + {k}.",
                 f"print(int(input()) + {k})\n",
                 lambda rng: str(rng.randint(-100, 100)),
-                lambda s, k=k: str(int(s) + k),
+                functools.partial(_shifted, k=k),
             )
         )
     return fams

@@ -47,7 +47,7 @@ def load_team(cfg: DictConfig) -> MultiAgentModule:
 def eval_generators(team: MultiAgentModule, temperature: float) -> dict[str, Any]:
     generators = {}
     for name in team.agent_names:
-        agent = team.agents[name]
+        agent = team.agent(name)
         g = agent.generation_config
         if g.backend == "vllm":
             generators[name] = agent.generator

@@ -112,6 +112,7 @@ def load_policy(spec: ModelSpec) -> Any:
             load_in_8bit=spec.quantization == "8bit",
             bnb_4bit_compute_dtype=_DTYPES[spec.dtype],
         )
+    model: Any
     try:
         model = AutoModelForCausalLM.from_pretrained(spec.path, **kwargs)
     except (OSError, ValueError) as err:

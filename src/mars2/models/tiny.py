@@ -13,6 +13,7 @@ import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 QWEN_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -99,6 +100,7 @@ def build_model(spec: TinySpec, tokenizer, seed: int):  # type: ignore[no-untype
         "pad_token_id": tokenizer.pad_token_id,
         "bos_token_id": tokenizer.bos_token_id,
     }
+    config: Any
     if spec.architecture == "qwen3":
         config = Qwen3Config(intermediate_size=192, num_hidden_layers=2, num_key_value_heads=1,
                              tie_word_embeddings=True, **common)  # fmt: skip

@@ -15,6 +15,11 @@ from mars2.search.tree import save_trees
 log = logging.getLogger(__name__)
 
 
+def _datamodule(trainer: pl.Trainer) -> Any:
+    """The run's TreeSearchDataModule (Lightning sets it on the trainer at fit time)."""
+    return getattr(trainer, "datamodule", None)
+
+
 class MultiAgentCallback(pl.Callback):
     """Coordinates the team around each optimisation step."""
 
@@ -29,7 +34,8 @@ class MultiAgentCallback(pl.Callback):
 
     @staticmethod
     def _agents(module: pl.LightningModule) -> dict[str, Any]:
-        return dict(module.agents) if hasattr(module, "agents") else {module.name: module}
+        team: Any = module
+        return dict(team.agents) if hasattr(team, "agents") else {team.name: team}
 
     def _running_mean(self, key: str, value: float) -> float:
         metric = self._running.setdefault(key, MeanMetric())
@@ -44,7 +50,7 @@ class MultiAgentCallback(pl.Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        datamodule = trainer.datamodule
+        datamodule = _datamodule(trainer)
         data = getattr(datamodule, "last", None)
         if data is None:
             return
@@ -68,7 +74,7 @@ class MultiAgentCallback(pl.Callback):
     def _save_trees(self, trainer: pl.Trainer, data: Any) -> None:
         path = self.output_dir / "trees" / f"step_{data.step:06d}_rank{trainer.global_rank}.jsonl"
         save_trees(data.trees, path)
-        logger = trainer.logger
+        logger: Any = trainer.logger
         if logger is not None and type(logger).__name__ == "MLFlowLogger":
             logger.experiment.log_artifact(logger.run_id, str(path), artifact_path="trees")
 
@@ -100,7 +106,7 @@ class HeldOutEvalCallback(pl.Callback):
 
         from mars2.eval.runner import ResultStore, evaluate_sampling, summarise_sampling
 
-        grader = trainer.datamodule.engine.grader
+        grader = _datamodule(trainer).engine.grader
         for name, agent in MultiAgentCallback._agents(pl_module).items():
             with tempfile.TemporaryDirectory() as tmp:
                 store = ResultStore(f"{tmp}/heldout.jsonl")
@@ -121,6 +127,6 @@ class HeldOutEvalCallback(pl.Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        step = trainer.datamodule.last.step + 1  # steps completed so far
+        step = _datamodule(trainer).last.step + 1  # steps completed so far
         if step % self.every == 0:
             self._evaluate(trainer, pl_module, step)

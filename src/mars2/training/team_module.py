@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import lightning.pytorch as pl
 import torch
@@ -31,10 +31,14 @@ class MultiAgentModule(pl.LightningModule):
         self.agent_names = list(agents)
         self.automatic_optimization = False
 
+    def agent(self, name: str) -> AgentModule:
+        """The team member called `name`."""
+        return cast(AgentModule, self.agents[name])
+
     def configure_optimizers(self) -> Any:
         optimizers, schedulers = [], []
         for name in self.agent_names:
-            optimizer, scheduler = self.agents[name].build_optimizer()
+            optimizer, scheduler = self.agent(name).build_optimizer()
             optimizers.append(optimizer)
             schedulers.append({"scheduler": scheduler, "interval": "step"})
         return optimizers, schedulers
@@ -48,8 +52,8 @@ class MultiAgentModule(pl.LightningModule):
 
     def training_step(self, dataloader_iter: Iterator[Any]) -> None:
         batch = next_batch(self, dataloader_iter)
-        optimizers = self.optimizers(use_pl_optimizer=False)
-        schedulers = self.lr_schedulers()
+        optimizers: Any = self.optimizers(use_pl_optimizer=False)
+        schedulers: Any = self.lr_schedulers()
         if not isinstance(optimizers, list):
             optimizers, schedulers = [optimizers], [schedulers]
         local = [int(batch["counts"].get(name, 0)) for name in self.agent_names]
@@ -59,7 +63,7 @@ class MultiAgentModule(pl.LightningModule):
             if total[index] == 0:
                 logged[f"{name}/stepped"] = 0.0
                 continue
-            agent = self.agents[name]
+            agent = self.agent(name)
             metrics = optimise_agent(
                 agent,
                 optimizers[index],
@@ -74,11 +78,11 @@ class MultiAgentModule(pl.LightningModule):
         self._count_step()
         for key, value in batch.get("metrics", {}).items():
             logged[key] = float(value)
-        shown = {k: logged[k] for k in ("reward", "solve_rate") if k in logged}
+        shown: dict[str, Any] = {k: logged[k] for k in ("reward", "solve_rate") if k in logged}
         self.log_dict(shown, prog_bar=True, batch_size=1)
         self.log_dict({k: v for k, v in logged.items() if k not in shown}, batch_size=1)
 
     def save_agents(self, directory: str) -> None:
         """Every agent in Hugging Face format under `directory/<name>`."""
         for name in self.agent_names:
-            self.agents[name].save_pretrained(f"{directory}/{name}")
+            self.agent(name).save_pretrained(f"{directory}/{name}")
