@@ -15,6 +15,13 @@ from mars2.search.tree import save_trees
 log = logging.getLogger(__name__)
 
 
+def log_artifact(trainer: pl.Trainer, path: Path, folder: str) -> None:
+    """Attach a file to the run when MLflow is the logger (other loggers keep it on disk only)."""
+    logger: Any = trainer.logger
+    if logger is not None and type(logger).__name__ == "MLFlowLogger":
+        logger.experiment.log_artifact(logger.run_id, str(path), artifact_path=folder)
+
+
 def _datamodule(trainer: pl.Trainer) -> Any:
     """The run's TreeSearchDataModule (Lightning sets it on the trainer at fit time)."""
     return getattr(trainer, "datamodule", None)
@@ -74,17 +81,32 @@ class MultiAgentCallback(pl.Callback):
     def _save_trees(self, trainer: pl.Trainer, data: Any) -> None:
         path = self.output_dir / "trees" / f"step_{data.step:06d}_rank{trainer.global_rank}.jsonl"
         save_trees(data.trees, path)
-        logger: Any = trainer.logger
-        if logger is not None and type(logger).__name__ == "MLFlowLogger":
-            logger.experiment.log_artifact(logger.run_id, str(path), artifact_path="trees")
+        log_artifact(trainer, path, "trees")
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not self.save_final_agents or trainer.global_rank != 0:
+        if trainer.global_rank != 0:
+            return
+        self._save_views(trainer)
+        if not self.save_final_agents:
             return
         for name, agent in self._agents(pl_module).items():
             target = self.output_dir / "agents" / name
             agent.save_pretrained(str(target))
             log.info("saved agent %s to %s", name, target)
+
+    def _save_views(self, trainer: pl.Trainer) -> None:
+        """The overview plot over all saved steps and HTML pages of the last step's trees."""
+        from mars2.eval.tree_view import plot_training_overview, write_tree_pages
+        from mars2.search.tree import load_trees
+
+        files = sorted((self.output_dir / "trees").glob("step_*_rank0.jsonl"))
+        if not files:
+            return
+        by_step = {int(f.name.split("_")[1]): load_trees(f) for f in files}
+        outputs = [plot_training_overview(by_step, self.output_dir / "overview.png")]
+        outputs += write_tree_pages(by_step[max(by_step)], self.output_dir / "tree_pages")
+        for path in outputs:
+            log_artifact(trainer, path, "views")
 
 
 class HeldOutEvalCallback(pl.Callback):
