@@ -36,7 +36,8 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 bench: models
-	$(PY) benchmarks/run_all.py --out benchmarks/results.md
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	MARS2_TINY_MODELS=$(abspath $(TINY_DIR)) $(PY) benchmarks/run_all.py --out benchmarks/results.md
 
 clean:
 	rm -rf $(VENV) .cache

@@ -9,6 +9,7 @@ verdicts are identical.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -63,7 +64,12 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    result = run(parser.parse_args().workers)
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
+    args = parser.parse_args()
+    result = run(args.workers)
+    if args.json:
+        print(json.dumps(result))
+        return
     print(f"HumanEval canonical solutions: {result['problems']}")
     print(
         f"  mars2 LocalSandbox      {result['ours_s']:7.2f} s  ({result['ours_per_s']:6.1f} problems/s)"

@@ -37,3 +37,27 @@ def test_vllm_generates_and_takes_new_weights(tiny_models_dir: Path) -> None:
     after = generator.generate(chats)
     uniform = -torch.log(torch.tensor(float(policy.config.vocab_size)))
     assert all(abs(lp - float(uniform)) < 1e-2 for c in after for lp in (c.logprobs or []))
+
+
+def test_lora_agents_on_one_base_share_an_engine(tiny_models_dir: Path) -> None:
+    pytest.importorskip("vllm")
+    from mars2.generation.vllm_backend import SharedBaseLoRAGenerator
+    from mars2.models.loading import LoraSpec, ModelSpec, load_policy, load_tokenizer
+    from mars2.training.agent_module import GenerationConfig
+
+    spec = ModelSpec(
+        path=str(tiny_models_dir / "tiny_qwen3"),
+        lora=LoraSpec(r=4, alpha=8, target_modules=("q_proj", "v_proj")),
+    )
+    tokenizer = load_tokenizer(spec.path)
+    config = GenerationConfig(
+        backend="vllm", max_new_tokens=8, vllm={"shared_base": True, "gpu_memory_utilization": 0.2}
+    )
+    generators = []
+    for name in ("a", "b"):
+        generator = SharedBaseLoRAGenerator(spec, tokenizer, config, f"/tmp/mars2-gpu-test-{name}")
+        generator.sync_weights(load_policy(spec))
+        generators.append(generator)
+    assert generators[0].llm is generators[1].llm
+    outputs = [g.generate([[{"role": "user", "content": "hi"}]])[0] for g in generators]
+    assert all(o.token_ids for o in outputs)

@@ -125,7 +125,9 @@ def test_one_step_updates_each_agent_with_only_its_own_nodes(
     assert [a.path for a in client.list_artifacts(run.info.run_id, "trees")]
     views = {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "views")}
     assert "overview.png" in views and any(v.endswith(".html") for v in views)
-    assert list((tmp_path / "logs" / "mlflow" / "artifacts").rglob("overview.png"))  # under logs/, not ./mlruns
+    assert list(
+        (tmp_path / "logs" / "mlflow" / "artifacts").rglob("overview.png")
+    )  # under logs/, not ./mlruns
     assert list((tmp_path / "checkpoints").glob("*.ckpt"))
     assert (tmp_path / "agents" / "tiny_llama" / "config.json").exists()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 import json
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from mars2.search.tree import SearchTree
@@ -139,7 +139,7 @@ def write_tree_pages(trees: Sequence[SearchTree], directory: str | Path) -> list
 
 
 def plot_training_overview(
-    trees_by_step: dict[int, Sequence[SearchTree]], path: str | Path
+    trees_by_step: Mapping[int, Sequence[SearchTree]], path: str | Path
 ) -> Path:
     """PNG: per-agent share of expansions and mean reward over training steps."""
     import matplotlib

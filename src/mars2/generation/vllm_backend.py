@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from mars2.generation.base import Completion, Messages
 
@@ -60,11 +60,7 @@ class VLLMGenerator:
         self._asleep = False
 
     def encode_prompt(self, chat: Messages) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
-        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-        if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
-            ids = ids[-self.max_prompt_tokens :]
-        return ids
+        return _encode_prompt(self.tokenizer, chat, self.max_prompt_tokens)
 
     def generate(self, chats: Sequence[Messages]) -> list[Completion]:
         if self._asleep:
@@ -74,23 +70,10 @@ class VLLMGenerator:
         outputs = self.llm.generate(
             [{"prompt_token_ids": p} for p in prompts], self.sampling, use_tqdm=False
         )
-        completions = []
-        for prompt, output in zip(prompts, outputs, strict=True):
-            sample = output.outputs[0]
-            tokens = list(sample.token_ids)
-            logprobs = [
-                step[token].logprob
-                for step, token in zip(sample.logprobs or [], tokens, strict=False)
-            ]
-            completions.append(
-                Completion(
-                    text=sample.text,
-                    prompt_token_ids=prompt,
-                    token_ids=tokens,
-                    logprobs=logprobs if len(logprobs) == len(tokens) else None,
-                    truncated=sample.finish_reason == "length",
-                )
-            )
+        completions = [
+            _completion(prompt, output.outputs[0])
+            for prompt, output in zip(prompts, outputs, strict=True)
+        ]
         if self.sleep_mode:
             self.llm.sleep(level=1)
             self._asleep = True
@@ -121,3 +104,91 @@ def merged_weights(policy: Any) -> list[tuple[str, Any]]:
         return weights
     finally:
         policy.unmerge_adapter()
+
+
+class SharedBaseLoRAGenerator:
+    """Agents that share a base model share one vLLM engine, each sampling through its own adapter.
+
+    The engine is created once per base path (``enable_lora``); `sync_weights` saves the agent's
+    current adapter to disk and switches to a fresh LoRA request id so vLLM loads the new weights.
+    """
+
+    _engines: ClassVar[
+        dict[str, Any]
+    ] = {}  # base model path -> engine, shared by agents on that base
+
+    def __init__(self, model_spec: Any, tokenizer: Any, config: Any, adapter_dir: str) -> None:
+        try:
+            import vllm
+            from vllm.lora.request import LoRARequest
+        except ImportError as err:
+            raise ImportError(
+                "generation.backend=vllm needs the gpu extra: pip install 'mars2[gpu]'"
+            ) from err
+        if model_spec.lora is None:
+            raise ValueError("a shared-base engine serves LoRA agents: set model.lora")
+        extra = dict(config.vllm or {})
+        extra.pop("shared_base", None)
+        if model_spec.path not in self._engines:
+            self._engines[model_spec.path] = vllm.LLM(
+                model=model_spec.path, dtype=model_spec.dtype, enable_lora=True,
+                max_lora_rank=model_spec.lora.r, gpu_memory_utilization=extra.pop("gpu_memory_utilization", 0.3),
+                enable_prefix_caching=extra.pop("enable_prefix_caching", True), **extra,
+            )  # fmt: skip
+        self.llm = self._engines[model_spec.path]
+        self._request_type = LoRARequest
+        self.sampling = vllm.SamplingParams(n=1, temperature=config.temperature, top_p=config.top_p,
+                                            max_tokens=config.max_new_tokens, logprobs=0)  # fmt: skip
+        self.tokenizer = tokenizer
+        self.adapter_dir = adapter_dir
+        self.max_prompt_tokens = config.max_prompt_tokens
+        self.weights_version = 0
+        self._request: Any = None
+        self._next_id = abs(hash(adapter_dir)) % 1_000_000 * 1000 + 1
+
+    def encode_prompt(self, chat: Messages) -> list[int]:
+        return _encode_prompt(self.tokenizer, chat, self.max_prompt_tokens)
+
+    def generate(self, chats: Sequence[Messages]) -> list[Completion]:
+        if self._request is None:
+            raise RuntimeError(
+                "call sync_weights(policy) once before generating: the adapter is not loaded yet"
+            )
+        prompts = [self.encode_prompt(c) for c in chats]
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], self.sampling,
+                                    lora_request=self._request, use_tqdm=False)  # fmt: skip
+        return [
+            _completion(prompt, output.outputs[0])
+            for prompt, output in zip(prompts, outputs, strict=True)
+        ]
+
+    def sync_weights(self, policy: Any) -> None:
+        path = f"{self.adapter_dir}/v{self.weights_version + 1}"
+        policy.save_pretrained(path)  # a PEFT model saves just its adapter
+        self._request = self._request_type(
+            f"{self.adapter_dir}-{self._next_id}", self._next_id, path
+        )
+        self._next_id += 1
+        self.weights_version += 1
+
+
+def _encode_prompt(tokenizer: Any, chat: Messages, max_prompt_tokens: int | None) -> list[int]:
+    ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
+        ids = ids[-max_prompt_tokens:]  # keep the end: the instructions and the question
+    return ids
+
+
+def _completion(prompt: list[int], sample: Any) -> Completion:
+    tokens = list(sample.token_ids)
+    logprobs = [
+        step[token].logprob for step, token in zip(sample.logprobs or [], tokens, strict=False)
+    ]
+    return Completion(
+        text=sample.text,
+        prompt_token_ids=prompt,
+        token_ids=tokens,
+        logprobs=logprobs if len(logprobs) == len(tokens) else None,
+        truncated=sample.finish_reason == "length",
+    )

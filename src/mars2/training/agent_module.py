@@ -44,7 +44,8 @@ class GenerationConfig:
     top_p: float = 1.0
     batch_size: int = 32
     max_prompt_tokens: int | None = None
-    vllm: dict[str, Any] | None = None  # extra vLLM engine arguments
+    # extra vLLM engine arguments; {"shared_base": true} puts LoRA agents on one base into one engine
+    vllm: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in ("transformers", "vllm"):
@@ -107,7 +108,17 @@ class AgentModule(pl.LightningModule):
         """The generator serving this agent (built on first use)."""
         if self._generator is None:
             cfg = self.generation_config
-            if cfg.backend == "vllm":
+            if cfg.backend == "vllm" and (cfg.vllm or {}).get("shared_base"):
+                import tempfile
+
+                from mars2.generation.vllm_backend import SharedBaseLoRAGenerator
+
+                adapters = tempfile.mkdtemp(prefix=f"mars2-{self.name}-adapters-")
+                self._generator = SharedBaseLoRAGenerator(
+                    self.model_spec, self.tokenizer, cfg, adapters
+                )
+                self._generator.sync_weights(self.policy)
+            elif cfg.backend == "vllm":
                 from mars2.generation.vllm_backend import VLLMGenerator
 
                 self._generator = VLLMGenerator(self.model_spec, self.tokenizer, cfg)
