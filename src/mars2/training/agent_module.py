@@ -261,3 +261,10 @@ def optimise_agent(
     scheduler.step()
     totals["lr"] = float(scheduler.get_last_lr()[0])
     return totals
+
+
+def team_members(module: Any) -> dict[str, AgentModule]:
+    """The agents a trained module holds: a team's members, or a lone agent itself."""
+    if hasattr(module, "agents"):
+        return dict(module.agents)
+    return {module.name: module}

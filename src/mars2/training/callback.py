@@ -11,6 +11,7 @@ import lightning.pytorch as pl
 from torchmetrics import MeanMetric
 
 from mars2.search.tree import save_trees
+from mars2.training.agent_module import team_members
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +40,6 @@ class MultiAgentCallback(pl.Callback):
         self.save_final_agents = save_final_agents
         self._running: dict[str, MeanMetric] = {}
 
-    @staticmethod
-    def _agents(module: pl.LightningModule) -> dict[str, Any]:
-        team: Any = module
-        return dict(team.agents) if hasattr(team, "agents") else {team.name: team}
-
     def _running_mean(self, key: str, value: float) -> float:
         metric = self._running.setdefault(key, MeanMetric())
         metric.update(value)
@@ -62,14 +58,14 @@ class MultiAgentCallback(pl.Callback):
         if data is None:
             return
         # Push the new weights to every agent's generator (vLLM: load_weights; shared: a version bump).
-        for name, agent in self._agents(pl_module).items():
+        for name, agent in team_members(pl_module).items():
             if data.samples.get(name) or trainer.world_size > 1:
                 agent.generator.sync_weights(agent.policy)
         statistics = datamodule.engine.agent_statistics
         if statistics is not None:
             statistics.update(data.trees)
         running = {}
-        for name in self._agents(pl_module):
+        for name in team_members(pl_module):
             for key in ("reward_mean", "solve_rate", "expansion_share"):
                 value = data.metrics.get(f"{name}/{key}")
                 if value is not None:
@@ -89,7 +85,7 @@ class MultiAgentCallback(pl.Callback):
         self._save_views(trainer)
         if not self.save_final_agents:
             return
-        for name, agent in self._agents(pl_module).items():
+        for name, agent in team_members(pl_module).items():
             target = self.output_dir / "agents" / name
             agent.save_pretrained(str(target))
             log.info("saved agent %s to %s", name, target)
@@ -129,7 +125,7 @@ class HeldOutEvalCallback(pl.Callback):
         from mars2.eval.runner import ResultStore, evaluate_sampling, summarise_sampling
 
         grader = _datamodule(trainer).engine.grader
-        for name, agent in MultiAgentCallback._agents(pl_module).items():
+        for name, agent in team_members(pl_module).items():
             with tempfile.TemporaryDirectory() as tmp:
                 store = ResultStore(f"{tmp}/heldout.jsonl")
                 evaluate_sampling(self.problems, agent.generator, grader, self.samples, store)

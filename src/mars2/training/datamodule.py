@@ -9,6 +9,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities import move_data_to_device
 from torch.utils.data import DataLoader, IterableDataset
 
+from mars2.training.agent_module import team_members
 from mars2.training.batching import micro_batches
 from mars2.training.rollout import RolloutEngine, TreeBundle
 
@@ -51,13 +52,10 @@ class TreeSearchDataModule(pl.LightningDataModule):
         return self.trainer.lightning_module
 
     def generators(self) -> dict[str, Any]:
-        module = self._team()
-        agents = module.agents if hasattr(module, "agents") else {module.name: module}
-        return {name: agent.generator for name, agent in agents.items()}
+        return {name: agent.generator for name, agent in team_members(self._team()).items()}
 
     def make_batch(self, step: int) -> dict[str, Any]:
-        module = self._team()
-        agents = module.agents if hasattr(module, "agents") else {module.name: module}
+        agents = team_members(self._team())
         rank = self.trainer.global_rank if self.trainer else 0
         world = self.trainer.world_size if self.trainer else 1
         data = self.engine.run(step, self.generators(), rank, world)
