@@ -61,6 +61,7 @@ def run_method(
             overrides=[
                 *overrides,
                 "data=arith",
+                "warm_start=null",  # done once above, so every method starts from the same weights
                 f"paths.tiny_models_dir={models}",
                 f"paths.output_dir={out / name.split()[0].lower()}",
                 f"paths.log_dir={out}/logs",

@@ -41,6 +41,8 @@ def compose_run(tmp: Path, tiny: Path, *overrides: str) -> Any:
             config_name="train",
             overrides=[
                 "experiment=tiny_pair",
+                "data=toy",
+                "warm_start=null",
                 f"paths.output_dir={tmp}",
                 f"paths.tiny_models_dir={tiny}",
                 f"paths.log_dir={tmp}/logs",

@@ -17,6 +17,7 @@ from mars2.training.agent_module import AgentModule
 from mars2.training.datamodule import TreeSearchDataModule
 from mars2.training.rollout import ProblemSchedule, RolloutEngine
 from mars2.training.team_module import MultiAgentModule
+from mars2.training.warm_start import WarmStartConfig, warm_start
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,25 @@ def build_agents(cfg: DictConfig) -> dict[str, AgentModule]:
     return agents
 
 
+def run_warm_start(cfg: DictConfig, agents: dict[str, AgentModule]) -> None:
+    """Supervised warm start of every agent on ``data.warm_start`` problems (disjoint from RL)."""
+    if not cfg.data.get("warm_start"):
+        raise ValueError(
+            "warm_start is set but the data config has no warm_start problems (try data=arith)"
+        )
+    problems = hydra.utils.instantiate(cfg.data.warm_start, _convert_="all")
+    settings = WarmStartConfig(**OmegaConf.to_container(cfg.warm_start, resolve=True))  # type: ignore[arg-type]
+    for name, agent in agents.items():
+        losses = warm_start(agent, problems, settings)
+        log.info(
+            "warm start of %s on %d problems: loss %.3f -> %.3f",
+            name,
+            len(problems),
+            losses[0],
+            losses[-1],
+        )
+
+
 def build_callbacks(cfg: DictConfig) -> list[pl.Callback]:
     return [
         hydra.utils.instantiate(c, _convert_="all")
@@ -64,6 +84,8 @@ def build_run(cfg: DictConfig) -> tuple[Any, TreeSearchDataModule, pl.Trainer, A
     """(team module, datamodule, trainer, sandbox) for a training config."""
     pl.seed_everything(cfg.seed, workers=True)
     agents = build_agents(cfg)
+    if cfg.get("warm_start") and not cfg.get("ckpt_path"):  # a checkpoint brings trained weights
+        run_warm_start(cfg, agents)
     module: Any = MultiAgentModule(agents)
     sandbox = hydra.utils.instantiate(cfg.sandbox, _convert_="all")
     grader = Grader(sandbox, reward=cfg.grader.reward, early_stop=cfg.grader.early_stop)
