@@ -1,0 +1,96 @@
+"""A local fake of the `e2b_code_interpreter` SDK surface E2BSandbox uses (no network).
+
+The real service cannot be reached here. `AsyncSandbox` runs commands as local subprocesses, maps
+remote paths into a temporary directory, raises on a non-zero exit like the SDK does, and can be
+told to fail its first calls (to exercise retries) and to record its peak concurrency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+class CommandExitError(Exception):
+    """Like the SDK's exception for a non-zero exit: it carries the command's output."""
+
+    def __init__(self, stdout: str, stderr: str, exit_code: int) -> None:
+        super().__init__(f"exit code {exit_code}")
+        self.stdout, self.stderr, self.exit_code = stdout, stderr, exit_code
+
+
+class _Result:
+    def __init__(self, stdout: str, stderr: str, exit_code: int) -> None:
+        self.stdout, self.stderr, self.exit_code = stdout, stderr, exit_code
+
+
+class FakeState:
+    def __init__(self) -> None:
+        self.created = 0
+        self.killed = 0
+        self.running = 0
+        self.peak = 0
+        self.fail_next_commands = 0
+        self.api_keys: list[str] = []
+
+
+STATE = FakeState()
+
+
+class _Files:
+    def __init__(self, box: AsyncSandbox) -> None:
+        self.box = box
+
+    async def write(self, path: str, data: str) -> None:
+        local = self.box.local(path)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_text(data)
+
+
+class _Commands:
+    def __init__(self, box: AsyncSandbox) -> None:
+        self.box = box
+
+    async def run(self, command: str, timeout: float = 60) -> _Result:
+        if STATE.fail_next_commands > 0:
+            STATE.fail_next_commands -= 1
+            raise ConnectionError("fake transient network error")
+        STATE.running += 1
+        STATE.peak = max(STATE.peak, STATE.running)
+        try:
+            local_command = command.replace("/tmp/", f"{self.box.root}/tmp/").replace(
+                "python3 ", f"{sys.executable} "
+            )
+            proc = await asyncio.create_subprocess_shell(
+                local_command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+            )
+            out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        finally:
+            STATE.running -= 1
+        if proc.returncode:
+            raise CommandExitError(out.decode(), err.decode(), proc.returncode)
+        return _Result(out.decode(), err.decode(), 0)
+
+
+class AsyncSandbox:
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="fake-e2b-"))
+        self.files = _Files(self)
+        self.commands = _Commands(self)
+
+    def local(self, remote: str) -> Path:
+        return self.root / remote.lstrip("/")
+
+    @classmethod
+    async def create(cls, api_key: str, timeout: int = 300, **_: Any) -> AsyncSandbox:
+        STATE.created += 1
+        STATE.api_keys.append(api_key)
+        return cls()
+
+    async def kill(self) -> None:
+        STATE.killed += 1
+        shutil.rmtree(self.root, ignore_errors=True)

@@ -1,0 +1,74 @@
+"""E2BSandbox against a local fake of the e2b SDK (the remote service cannot be reached here)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from mars2.sandbox.base import Job, Verdict
+from mars2.sandbox.e2b import E2BSandbox
+from tests.fakes import e2b_sdk
+
+pytestmark = pytest.mark.e2b
+TESTS = [{"input": "1 2", "output": "3"}, {"input": "2 2", "output": "4"}]
+ADD = "a, b = map(int, input().split())\nprint(a + b)\n"
+
+
+@pytest.fixture
+def fake_sdk() -> types.ModuleType:
+    e2b_sdk.STATE = e2b_sdk.FakeState()
+    return e2b_sdk  # type: ignore[return-value]
+
+
+def test_jobs_run_remotely_with_verdicts(fake_sdk) -> None:
+    with E2BSandbox(api_key="k", max_concurrency=2, sdk=fake_sdk) as box:
+        results = box.run_batch(
+            [
+                Job(ADD, "stdin", TESTS),
+                Job("print(3)", "stdin", TESTS),
+                Job("while True: pass", "stdin", TESTS[:1], per_test_timeout=0.5),
+            ]
+        )
+    assert [t.verdict for t in results[0].tests] == [Verdict.PASSED, Verdict.PASSED]
+    assert [t.verdict for t in results[1].tests] == [Verdict.PASSED, Verdict.WRONG_ANSWER]
+    assert [t.verdict for t in results[2].tests] == [Verdict.TIMEOUT]
+    assert fake_sdk.STATE.api_keys and set(fake_sdk.STATE.api_keys) == {"k"}
+
+
+def test_concurrency_limit_and_sandbox_reuse(fake_sdk) -> None:
+    with E2BSandbox(api_key="k", max_concurrency=2, sdk=fake_sdk) as box:
+        box.run_batch([Job(ADD, "stdin", TESTS)] * 8)
+    assert fake_sdk.STATE.peak <= 2
+    assert fake_sdk.STATE.created <= 2  # pooled: sandboxes are reused across jobs
+    assert fake_sdk.STATE.killed == fake_sdk.STATE.created  # closed on exit
+
+
+def test_transient_errors_are_retried(fake_sdk) -> None:
+    fake_sdk.STATE.fail_next_commands = 2
+    with E2BSandbox(api_key="k", max_concurrency=1, retries=3, sdk=fake_sdk) as box:
+        (result,) = box.run_batch([Job(ADD, "stdin", TESTS)])
+    assert result.all_passed
+
+
+def test_persistent_failure_gives_a_verdict_not_an_exception(fake_sdk) -> None:
+    fake_sdk.STATE.fail_next_commands = 10
+    with E2BSandbox(api_key="k", max_concurrency=1, retries=2, sdk=fake_sdk) as box:
+        (result,) = box.run_batch([Job(ADD, "stdin", TESTS)])
+    assert all(
+        t.verdict is Verdict.RUNTIME_ERROR and "E2B unavailable" in t.error for t in result.tests
+    )
+
+
+def test_crash_mid_job_keeps_finished_tests(fake_sdk) -> None:
+    code = "import os\na, b = map(int, input().split())\nif a == 2:\n    os.kill(os.getpid(), 9)\nprint(a + b)"
+    with E2BSandbox(api_key="k", sdk=fake_sdk) as box:
+        (result,) = box.run_batch([Job(code, "stdin", TESTS)])
+    assert result.tests[0].verdict is Verdict.PASSED  # reported before the remote process died
+    assert result.tests[1].verdict is Verdict.RUNTIME_ERROR
+
+
+def test_missing_api_key_is_a_clear_error(monkeypatch, fake_sdk) -> None:
+    monkeypatch.delenv("E2B_API_KEY", raising=False)
+    with pytest.raises(ValueError, match="E2B_API_KEY"):
+        E2BSandbox(sdk=fake_sdk)
