@@ -1,1 +1,1 @@
-"""Small shared helpers: seeding, logging setup and config utilities."""
+"""Small helpers shared across the other packages; empty until two of them need the same one."""
