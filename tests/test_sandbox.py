@@ -102,6 +102,10 @@ HOSTILE = {
         {Verdict.RUNTIME_ERROR},
     ),
     "segfault": ("import ctypes\nctypes.string_at(0)", {Verdict.RUNTIME_ERROR}),
+    "writes to every fd": (
+        "import os\nfor fd in range(64):\n    try:\n        os.write(fd, b'{not json\\n')\n    except OSError:\n        pass\nprint(3)",
+        {Verdict.PASSED, Verdict.WRONG_ANSWER, Verdict.RUNTIME_ERROR},
+    ),
 }
 
 

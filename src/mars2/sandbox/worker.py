@@ -56,6 +56,7 @@ class Worker:
         for name in _PRELOAD:
             __import__(name)
         self.workdir = self._new_workdir()
+        self.devnull = os.open(os.devnull, os.O_RDWR)
         # Objects that exist now are never collected in children, so the collector does not
         # write to (and copy-on-write fault) the pages they share with this process.
         gc.freeze()
@@ -133,7 +134,7 @@ class Worker:
         if pid == 0:  # child
             try:
                 os.close(read_fd)
-                self._enter_child(workdir, cpu_seconds)
+                self._enter_child(workdir, cpu_seconds, write_fd)
                 sink = os.fdopen(write_fd, "w", buffering=1)
 
                 def emit(result: dict[str, Any]) -> None:
@@ -187,23 +188,32 @@ class Worker:
                 buffer += chunk
                 *lines, buffer = buffer.split(b"\n")
                 for line in lines:
-                    item = json.loads(line)
-                    results[item["index"]] = item
-                    current = item["index"] + 1
+                    try:
+                        item = json.loads(line)
+                        index = int(item["index"])
+                    except (ValueError, KeyError, TypeError):  # user code wrote into the channel
+                        results[current] = {
+                            "index": current,
+                            "verdict": harness.RUNTIME_ERROR,
+                            "error": "wrote to the sandbox's result channel",
+                        }
+                        return current + 1
+                    results[index] = item
+                    current = index + 1
             return current
         finally:
             os.close(read_fd)
             self._kill(pid, reap=not status_known)
 
-    def _enter_child(self, workdir: str, cpu_seconds: int) -> None:
+    def _enter_child(self, workdir: str, cpu_seconds: int, result_fd: int) -> None:
         os.setpgid(0, 0)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.chdir(workdir)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        log = os.open(os.path.join(workdir, ".out"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
+        for fd in (0, 1, 2):  # Python-level output is captured by the harness; the rest is dropped
+            os.dup2(self.devnull, fd)
+        # Nothing of the worker's may reach user code: its protocol pipe, the reaper's pipes.
+        os.closerange(3, result_fd)
+        os.closerange(result_fd + 1, 1 << 16)
         if self.dropper is not None:
             self.dropper.drop()
         apply_limits(
