@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -13,8 +15,9 @@ from mars2.data.toy import toy_problems
 from mars2.sandbox.base import Job, Verdict
 from mars2.sandbox.extract import extract_code
 from mars2.sandbox.grader import Grader
-from mars2.sandbox.harness import compare_call, compare_stdout
+from mars2.sandbox.harness import compare_call, compare_stdout, encode_result
 from mars2.sandbox.local import LocalSandbox
+from mars2.sandbox.scratch import make_private_dir, remove_tree
 
 ADD = [{"input": "1 2", "output": "3"}, {"input": "5 5", "output": "10"}]
 ADD_CODE = "a, b = map(int, input().split())\nprint(a + b)\n"
@@ -77,6 +80,53 @@ def test_compile_error_and_exit_codes(sandbox: LocalSandbox) -> None:
     )
 
 
+def test_code_is_compiled_without_the_harness_future_flags(sandbox: LocalSandbox) -> None:
+    # The harness module uses `from __future__ import annotations`; user code must not inherit it.
+    code = "def f(x: int) -> int:\n    return x\n"
+    check = "def check(candidate):\n    assert candidate.__annotations__['x'] is int\n"
+    assert verdicts(sandbox, code, [{"input": check, "output": ""}], "humaneval", "f") == [
+        Verdict.PASSED
+    ]
+
+
+def test_humaneval_checks_reused_and_broken_ones_reported(sandbox: LocalSandbox) -> None:
+    check = {"input": "def check(candidate):\n    assert candidate(2) == 4\n", "output": ""}
+    broken = {"input": "def check(candidate):\n    assert candidate(2) ==\n", "output": ""}
+    right, wrong = "def f(x):\n    return 2 * x\n", "def f(x):\n    return x\n"
+    for _ in range(2):  # the second round is served from the worker's compiled checks
+        assert verdicts(sandbox, right, [check, broken], "humaneval", "f") == [
+            Verdict.PASSED,
+            Verdict.RUNTIME_ERROR,
+        ]
+        assert verdicts(sandbox, wrong, [check], "humaneval", "f") == [Verdict.WRONG_ANSWER]
+
+
+def test_result_lines_are_json() -> None:
+    result = {"index": 3, "verdict": "passed", "actual": 'a"\\\nb\x00é😀\u2028', "time": 1e-06}
+    odd = {"index": 0, "a": True, "b": None, "c": float("inf"), "d": [1, "x"], "e": 10**30}
+    for row in (result, odd):
+        line = encode_result(row)
+        assert "\n" not in line
+        assert json.loads(line) == row
+
+
+def test_scratch_removal_never_follows_links(tmp_path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("x")
+    job = Path(make_private_dir(str(tmp_path), "job-"))
+    assert job.stat().st_mode & 0o777 == 0o700
+    (job / "sub" / "deeper").mkdir(parents=True)
+    (job / "sub" / "deeper" / "f").write_text("y")
+    (job / "link").symlink_to(outside)
+    (job / "sub" / "filelink").symlink_to(outside / "keep.txt")
+    remove_tree(str(job), keep_top=True)
+    assert job.is_dir() and not any(job.iterdir())
+    assert (outside / "keep.txt").read_text() == "x"
+    remove_tree(str(job))
+    assert not job.exists()
+
+
 HOSTILE = {
     "infinite loop": ("while True: pass", {Verdict.TIMEOUT}),
     "sleep": ("import time\ntime.sleep(60)", {Verdict.TIMEOUT}),
@@ -102,6 +152,10 @@ HOSTILE = {
         {Verdict.RUNTIME_ERROR},
     ),
     "segfault": ("import ctypes\nctypes.string_at(0)", {Verdict.RUNTIME_ERROR}),
+    "floods every fd": (
+        "import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'x' * 2**21)\n    except OSError:\n        pass\nprint(3)",
+        {Verdict.PASSED, Verdict.WRONG_ANSWER, Verdict.RUNTIME_ERROR},
+    ),
     "writes to every fd": (
         "import os\nfor fd in range(64):\n    try:\n        os.write(fd, b'{not json\\n')\n    except OSError:\n        pass\nprint(3)",
         {Verdict.PASSED, Verdict.WRONG_ANSWER, Verdict.RUNTIME_ERROR},

@@ -16,8 +16,10 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from decimal import Decimal, InvalidOperation
+from json.encoder import encode_basestring_ascii as _quote
+from types import CodeType
 from typing import Any
 
 PASSED = "passed"
@@ -87,6 +89,26 @@ def compare_call(actual: Any, expected: Any) -> bool:
     if isinstance(b, list) and len(b) == 1 and a == b[0]:
         return True
     return False
+
+
+# --- result lines ----------------------------------------------------------------------------
+
+
+def encode_result(result: dict[str, Any]) -> str:
+    """A result dict as one line of JSON.
+
+    Written out by hand for the usual value types: `json.dumps` runs enough Python to cost a freshly
+    forked child dozens of copy-on-write page faults.
+    """
+    return "{" + ", ".join(_quote(k) + ": " + _json_value(v) for k, v in result.items()) + "}"
+
+
+def _json_value(value: Any) -> str:
+    if type(value) is str:
+        return _quote(value)
+    if type(value) is int or (type(value) is float and value - value == 0.0):  # finite floats
+        return repr(value)
+    return json.dumps(value)
 
 
 # --- capped output capture -------------------------------------------------------------------
@@ -185,6 +207,17 @@ def _find_callable(namespace: dict[str, Any], fn_name: str) -> Callable[..., Any
     raise NameError(f"no function or Solution method named {fn_name!r}")
 
 
+def compile_solution(code: str) -> CodeType:
+    """Compile user code as its own module: no `__future__` flags are inherited from this file."""
+    return compile(code, "<solution>", "exec", dont_inherit=True)
+
+
+def compile_error_results(err: BaseException, start: int, count: int) -> list[dict[str, Any]]:
+    """The results of tests[start:count] for code that does not compile."""
+    error = _clip(f"{type(err).__name__}: {err}")
+    return [{"index": i, "verdict": COMPILE_ERROR, "error": error} for i in range(start, count)]
+
+
 def run_tests(
     code: str,
     kind: str,
@@ -197,23 +230,23 @@ def run_tests(
     output_limit: int = 1 << 20,
     early_stop: bool = False,
     scratch: str | None = None,
+    solution: CodeType | None = None,
+    test_code: Sequence[CodeType | None] | None = None,
 ) -> None:
-    """Run tests[start:] against `code`, calling `emit` with one result dict per test, in order."""
+    """Run tests[start:] against `code`, calling `emit` with one result dict per test, in order.
+
+    `solution` is `code` already compiled, if the caller did it; `test_code` optionally holds the
+    humaneval check sources already compiled (None where not).
+    """
     real_stdout, real_stderr, real_stdin = sys.stdout, sys.stderr, sys.stdin
     real_exit = os._exit
     signal.signal(signal.SIGALRM, _on_alarm)
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
     try:
-        compiled = compile(code, "<solution>", "exec")
+        compiled = solution if solution is not None else compile_solution(code)
     except (SyntaxError, ValueError, MemoryError) as err:
-        for index in range(start, len(tests)):
-            emit(
-                {
-                    "index": index,
-                    "verdict": COMPILE_ERROR,
-                    "error": _clip(f"{type(err).__name__}: {err}"),
-                }
-            )
+        for row in compile_error_results(err, start, len(tests)):
+            emit(row)
         return
     os._exit = _fake_exit  # type: ignore[assignment]
     namespace: dict[str, Any] | None = None
@@ -259,7 +292,12 @@ def run_tests(
                             )
                             result["actual"] = _clip(repr(value))
                         else:  # humaneval: the test source defines check(candidate)
-                            exec(test["input"], namespace)
+                            check = test_code[index] if test_code else None
+                            if check is None:
+                                check = compile(
+                                    test["input"], "<string>", "exec", dont_inherit=True
+                                )
+                            exec(check, namespace)
                             namespace["check"](namespace[fn_name])
                             verdict = PASSED
                 finally:
@@ -294,7 +332,7 @@ def main() -> None:
     out = sys.stdout
 
     def emit(result: dict[str, Any]) -> None:
-        out.write("@@MARS2@@" + json.dumps(result) + "\n")
+        out.write("@@MARS2@@" + encode_result(result) + "\n")
         out.flush()
 
     run_tests(

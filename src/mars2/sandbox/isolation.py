@@ -12,7 +12,6 @@ import ctypes
 import os
 import resource
 import signal
-from dataclasses import dataclass, field
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000
@@ -26,14 +25,18 @@ CAP_DAC_READ_SEARCH = 2
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 
-@dataclass
 class IsolationReport:
-    """What a worker managed to set up; `missing` lists what it could not."""
+    """What a worker managed to set up; `missing` lists what it could not.
 
-    network_isolated: bool = False
-    readonly_root: bool = False
-    sandbox_uid: int | None = None
-    missing: list[str] = field(default_factory=list)
+    A plain class, not a dataclass: `dataclasses` imports `inspect`, and every module the worker
+    holds makes each fork of it slower.
+    """
+
+    def __init__(self) -> None:
+        self.network_isolated = False
+        self.readonly_root = False
+        self.sandbox_uid: int | None = None
+        self.missing: list[str] = []
 
 
 _LIBC: ctypes.CDLL | None = None
@@ -104,7 +107,10 @@ class UidDropper:
 
     def __init__(self, uid: int) -> None:
         self.uid = uid
-        self._libc = _libc()
+        libc = _libc()
+        # Resolved here, not in the child: the first lookup of a ctypes symbol costs page faults.
+        self._prctl = libc.prctl
+        self._capset = libc.capset
         self._header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
         self._data = (_CapData * 2)()
         self._data[0].effective = self._data[0].permitted = 1 << CAP_DAC_READ_SEARCH
@@ -112,14 +118,15 @@ class UidDropper:
         self._data_ref = ctypes.byref(self._data)
 
     def drop(self) -> None:
-        _check(self._libc.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0), "prctl keepcaps")
+        _check(self._prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0), "prctl keepcaps")
         os.setgroups([])
         os.setgid(self.uid)
         os.setuid(self.uid)
-        _check(self._libc.capset(self._header_ref, self._data_ref), "capset")
+        _check(self._capset(self._header_ref, self._data_ref), "capset")
 
 
-def _count_tasks_of(uid: int) -> int:
+def count_tasks_of(uid: int) -> int:
+    """How many tasks (threads included, as RLIMIT_NPROC counts them) `uid` runs now."""
     count = 0
     for pid in os.listdir("/proc"):
         if pid.isdigit():
@@ -132,16 +139,19 @@ def _count_tasks_of(uid: int) -> int:
 
 
 def apply_limits(
-    memory_bytes: int, cpu_seconds: int, max_processes: int, file_bytes: int, dedicated_uid: bool
+    memory_bytes: int, cpu_seconds: int, max_processes: int, file_bytes: int, running_tasks: int
 ) -> None:
-    """Set the rlimits of the calling (child) process."""
+    """Set the rlimits of the calling (child) process.
+
+    RLIMIT_NPROC counts every task of the uid: `running_tasks` is how many it already has (0 for a
+    dedicated uid), so that the child may start `max_processes` more.
+    """
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))
     resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    # RLIMIT_NPROC counts every task of the uid; with a shared uid, leave room for those running.
-    base = 0 if dedicated_uid else _count_tasks_of(os.getuid())
-    resource.setrlimit(resource.RLIMIT_NPROC, (base + max_processes, base + max_processes))
+    limit = running_tasks + max_processes
+    resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails instead of killing
 
 

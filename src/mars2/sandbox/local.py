@@ -10,6 +10,7 @@ import select
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -129,6 +130,7 @@ class LocalSandbox(Sandbox):
             "job_timeout": job_timeout,
             "output_limit": int(output_limit_mb * (1 << 20)),
         }
+        scratch_dir = scratch_dir or tempfile.gettempdir()
         self._wrapper = self._wrapper_command(wrapper, scratch_dir)
         self._config_base: dict[str, Any] = {
             **self.defaults,
@@ -149,7 +151,7 @@ class LocalSandbox(Sandbox):
             self._start_worker(index)
 
     @staticmethod
-    def _wrapper_command(wrapper: str, scratch_dir: str | None) -> list[str]:
+    def _wrapper_command(wrapper: str, scratch_dir: str) -> list[str]:
         if wrapper == "none":
             return []
         if wrapper != "bwrap":
@@ -157,9 +159,8 @@ class LocalSandbox(Sandbox):
         binary = shutil.which("bwrap")
         if binary is None:
             raise FileNotFoundError("wrapper='bwrap' but bubblewrap is not installed")
-        scratch = scratch_dir or "/tmp"
         return [binary, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-                "--bind", scratch, scratch, "--unshare-net", "--unshare-pid", "--die-with-parent"]  # fmt: skip
+                "--bind", scratch_dir, scratch_dir, "--unshare-net", "--unshare-pid", "--die-with-parent"]  # fmt: skip
 
     def _start_worker(self, index: int) -> _WorkerHandle:
         config = dict(self._config_base)

@@ -12,11 +12,10 @@ import gc
 import json
 import os
 import select
-import shutil
 import signal
 import sys
-import tempfile
 import time
+from types import CodeType
 from typing import Any
 
 from mars2.sandbox import harness
@@ -25,14 +24,27 @@ from mars2.sandbox.isolation import (
     Reaper,
     UidDropper,
     apply_limits,
+    count_tasks_of,
     isolate_worker,
 )
+from mars2.sandbox.scratch import make_private_dir, remove_tree
 
-# Preload what solutions commonly import, so a child forks with it already in memory.
+# Preload what solutions commonly import, so a child forks with it already in memory. Each
+# module held costs every fork a little, so rarely used ones (statistics, datetime) are left out.
 _PRELOAD = (
     "collections", "heapq", "itertools", "functools", "math", "bisect", "re", "string", "random",
-    "decimal", "fractions", "statistics", "operator", "copy", "datetime", "array", "typing",
+    "operator", "copy", "typing",
 )  # fmt: skip
+
+
+# Longer code is compiled in the child, under its limits: the compiler's time and memory grow
+# with the source, and the worker has no limits of its own.
+_WORKER_COMPILE_LIMIT = 64 << 10
+# Without a dedicated uid the fork limit must leave room for the user's other tasks; counting
+# them scans /proc, so the count is refreshed at most this often (seconds).
+_TASK_COUNT_TTL = 1.0
+_CHECK_CACHE_SIZE = 1024  # compiled humaneval check sources kept per worker
+_MAX_RESULT_LINE = 1 << 20  # harness lines are clipped far below this
 
 
 class Worker:
@@ -41,7 +53,7 @@ class Worker:
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
         self.report = IsolationReport()
-        self.scratch_root = tempfile.mkdtemp(prefix="mars2-sandbox-", dir=config.get("scratch_dir"))
+        self.scratch_root = make_private_dir(config["scratch_dir"], "mars2-sandbox-")
         os.chmod(self.scratch_root, 0o711)
         isolate_worker(
             self.scratch_root, config["allow_network"], config["readonly_root"], self.report
@@ -56,6 +68,10 @@ class Worker:
         for name in _PRELOAD:
             __import__(name)
         self.workdir = self._new_workdir()
+        # humaneval check sources are the dataset's (trusted) code and come back for every answer
+        # to the same problem: compiled once here instead of in every child.
+        self._check_code: dict[str, CodeType] = {}
+        self._tasks, self._tasks_counted_at = 0, -_TASK_COUNT_TTL - 1.0
         self.devnull = os.open(os.devnull, os.O_RDWR)
         # Objects that exist now are never collected in children, so the collector does not
         # write to (and copy-on-write fault) the pages they share with this process.
@@ -64,10 +80,10 @@ class Worker:
     def close(self) -> None:
         if self.reaper is not None:
             self.reaper.close()
-        shutil.rmtree(self.scratch_root, ignore_errors=True)
+        remove_tree(self.scratch_root)
 
     def _new_workdir(self) -> str:
-        workdir = tempfile.mkdtemp(dir=self.scratch_root)
+        workdir = make_private_dir(self.scratch_root, "job-")
         if self.uid is not None:
             os.chown(workdir, self.uid, self.uid)
         return workdir
@@ -75,16 +91,34 @@ class Worker:
     def _reset_workdir(self) -> None:
         """Empty the job directory for the next job (cheaper than a new one each time)."""
         try:
-            with os.scandir(self.workdir) as entries:
-                for entry in entries:
-                    if entry.is_dir(follow_symlinks=False):
-                        shutil.rmtree(entry.path)
-                    else:
-                        os.unlink(entry.path)
+            if os.listdir(self.workdir):  # most jobs leave nothing: skip the walk
+                remove_tree(self.workdir, keep_top=True)
             os.chmod(self.workdir, 0o700)
+            if not os.listdir(self.workdir):
+                return
         except OSError:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-            self.workdir = self._new_workdir()
+            pass
+        remove_tree(self.workdir)  # what could not be emptied is left for close()
+        self.workdir = self._new_workdir()
+
+    def _compiled_checks(self, job: dict[str, Any]) -> list[CodeType | None] | None:
+        if job["kind"] != "humaneval":
+            return None
+        compiled: list[CodeType | None] = []
+        for test in job["tests"]:
+            source = test["input"]
+            code = self._check_code.get(source)
+            if code is None:
+                try:
+                    code = compile(source, "<string>", "exec", dont_inherit=True)
+                except (SyntaxError, ValueError, MemoryError, RecursionError):
+                    compiled.append(None)  # the child compiles it again and reports the error
+                    continue
+                if len(self._check_code) >= _CHECK_CACHE_SIZE:
+                    self._check_code.clear()
+                self._check_code[source] = code
+            compiled.append(code)
+        return compiled
 
     # -- one job ------------------------------------------------------------------------------
 
@@ -94,6 +128,18 @@ class Worker:
         per_test = float(job.get("per_test_timeout", self.config["per_test_timeout"]))
         deadline = time.monotonic() + float(job.get("job_timeout", self.config["job_timeout"]))
         workdir = self.workdir
+        solution = None
+        if len(job["code"]) <= _WORKER_COMPILE_LIMIT:
+            # Compiled here, not in the child: a compiler run in a fresh child costs it some
+            # hundred page faults, and code that does not compile needs no child at all.
+            try:
+                solution = harness.compile_solution(job["code"])
+            except (SyntaxError, ValueError) as err:
+                rows = harness.compile_error_results(err, 0, len(tests))
+                return {"id": job.get("id"), "results": rows, "children": 0}
+            except (MemoryError, RecursionError):
+                pass  # judged by the child, under its memory and recursion limits
+        checks = self._compiled_checks(job)
         next_index = 0
         restarts = 0
         try:
@@ -106,7 +152,9 @@ class Worker:
                             "error": "job time limit exceeded",
                         }
                     break
-                next_index = self._run_child(job, next_index, per_test, deadline, workdir, results)
+                next_index = self._run_child(
+                    job, solution, checks, next_index, per_test, deadline, workdir, results
+                )
                 restarts += 1
                 if job.get("early_stop") and any(
                     r and r["verdict"] != harness.PASSED for r in results
@@ -121,6 +169,8 @@ class Worker:
     def _run_child(
         self,
         job: dict[str, Any],
+        solution: CodeType | None,
+        checks: list[CodeType | None] | None,
         start: int,
         per_test: float,
         deadline: float,
@@ -130,24 +180,23 @@ class Worker:
         """Fork a child for tests[start:]; return the index of the first test not yet judged."""
         read_fd, write_fd = os.pipe()
         cpu_seconds = max(1, int(deadline - time.monotonic()) + 1)
+        running_tasks = self._running_tasks()
         pid = os.fork()
         if pid == 0:  # child
             try:
                 os.close(read_fd)
-                self._enter_child(workdir, cpu_seconds, write_fd)
-                sink = os.fdopen(write_fd, "w", buffering=1)
+                self._enter_child(workdir, cpu_seconds, write_fd, running_tasks)
 
                 def emit(result: dict[str, Any]) -> None:
-                    sink.write(json.dumps(result) + "\n")
-                    sink.flush()
+                    _write_all(write_fd, (harness.encode_result(result) + "\n").encode())
 
                 harness.run_tests(
                     job["code"], job["kind"], job["tests"], emit,
                     fn_name=job.get("fn_name"), start=start, per_test_timeout=per_test,
                     output_limit=int(job.get("output_limit", self.config["output_limit"])),
                     early_stop=bool(job.get("early_stop", False)), scratch=workdir,
+                    solution=solution, test_code=checks,
                 )  # fmt: skip
-                sink.flush()
             except BaseException:
                 pass
             os._exit(0)
@@ -156,58 +205,88 @@ class Worker:
             os.setpgid(pid, pid)
         except OSError:
             pass  # the child already did it, or already exited
-        current = start
-        buffer = b""
-        status_known = False
+        # While the child lives, every page this process writes is copied for it: so only raw
+        # bytes are collected here, and the lines are parsed once the child is gone.
+        received = bytearray()
+        reported = 0
+        status: int | None = None
+        count = len(job["tests"])
         try:
-            while current < len(job["tests"]):
+            while start + reported < count:
                 wait = min(per_test + self.config["grace"], deadline - time.monotonic())
-                if wait <= 0:
-                    results[current] = {
-                        "index": current,
-                        "verdict": harness.TIMEOUT,
-                        "error": "time limit exceeded",
-                    }
-                    return current + 1
-                ready, _, _ = select.select([read_fd], [], [], wait)
-                if not ready:  # hung beyond SIGALRM's reach (C code, blocked signals)
-                    results[current] = {
-                        "index": current,
-                        "verdict": harness.TIMEOUT,
-                        "error": "time limit exceeded",
-                    }
-                    return current + 1
+                if wait <= 0 or not select.select([read_fd], [], [], wait)[0]:
+                    break  # hung, possibly beyond SIGALRM's reach (C code, blocked signals)
                 chunk = os.read(read_fd, 1 << 16)
                 if not chunk:  # EOF: the child is gone
                     _, status = os.waitpid(pid, 0)
-                    status_known = True
-                    if current < len(job["tests"]):
-                        results[current] = self._crash_result(current, status)
-                        return current + 1
-                    return current
-                buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
-                    try:
-                        item = json.loads(line)
-                        index = int(item["index"])
-                    except (ValueError, KeyError, TypeError):  # user code wrote into the channel
-                        results[current] = {
-                            "index": current,
-                            "verdict": harness.RUNTIME_ERROR,
-                            "error": "wrote to the sandbox's result channel",
-                        }
-                        return current + 1
-                    results[index] = item
-                    current = index + 1
-            return current
+                    break
+                received += chunk
+                reported = received.count(b"\n")
+                if len(received) - received.rfind(b"\n") > _MAX_RESULT_LINE:
+                    received += b"\n"  # user code is flooding the channel: judged as garbage
+                    break
         finally:
             os.close(read_fd)
-            self._kill(pid, reap=not status_known)
+            self._kill(pid, reap=status is None)
+        return self._collect(received, start, count, status, results)
 
-    def _enter_child(self, workdir: str, cpu_seconds: int, result_fd: int) -> None:
+    @classmethod
+    def _collect(
+        cls,
+        received: bytearray,
+        start: int,
+        count: int,
+        status: int | None,
+        results: list[dict[str, Any] | None],
+    ) -> int:
+        """Store the child's result lines; judge the test it stopped at; return the next index."""
+        current = start
+        for line in bytes(received).split(b"\n")[:-1]:
+            if current >= count:
+                break
+            try:
+                item = json.loads(line)
+                valid = int(item["index"]) == current
+            except (ValueError, KeyError, TypeError):
+                valid = False
+            if not valid:  # user code wrote into the channel
+                results[current] = {
+                    "index": current,
+                    "verdict": harness.RUNTIME_ERROR,
+                    "error": "wrote to the sandbox's result channel",
+                }
+                return current + 1
+            results[current] = item
+            current += 1
+        if current >= count:
+            return current
+        if status is not None:
+            results[current] = cls._crash_result(current, status)
+        else:
+            results[current] = {
+                "index": current,
+                "verdict": harness.TIMEOUT,
+                "error": "time limit exceeded",
+            }
+        return current + 1
+
+    def _running_tasks(self) -> int:
+        """Tasks the child's uid already runs: 0 for a dedicated uid, else a recent count."""
+        if self.uid is not None:
+            return 0
+        now = time.monotonic()
+        if now - self._tasks_counted_at > _TASK_COUNT_TTL:
+            self._tasks = count_tasks_of(os.getuid())
+            self._tasks_counted_at = now
+        return self._tasks
+
+    def _enter_child(
+        self, workdir: str, cpu_seconds: int, result_fd: int, running_tasks: int
+    ) -> None:
+        # Every page the child writes is a copy-on-write fault, the main cost of a job: so the
+        # collector never walks the worker's objects, and the setup below stays at raw syscalls.
+        gc.freeze()
         os.setpgid(0, 0)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.chdir(workdir)
         for fd in (0, 1, 2):  # Python-level output is captured by the harness; the rest is dropped
             os.dup2(self.devnull, fd)
@@ -221,7 +300,7 @@ class Worker:
             cpu_seconds=cpu_seconds,
             max_processes=int(self.config["max_processes"]),
             file_bytes=int(self.config["file_size_mb"]) << 20,
-            dedicated_uid=self.uid is not None,
+            running_tasks=running_tasks,
         )
 
     @staticmethod
@@ -254,6 +333,12 @@ class Worker:
                 os.waitpid(pid, 0)
             except ChildProcessError:
                 pass
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def main() -> None:
