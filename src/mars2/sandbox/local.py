@@ -99,10 +99,10 @@ class LocalSandbox(Sandbox):
     again from outside for code that blocks signals) and a whole-job timeout, RLIMIT_AS / CPU /
     NPROC / FSIZE, capped stdout and stderr, and no network where the OS allows (new network
     namespace as root). As root the workers also get a read-only view of the filesystem outside
-    their scratch directory and a dedicated uid each (so the fork limit really applies). Answers
-    up to 64 KiB are compiled by the worker before it forks (compiled, never run). Not a security
-    boundary against a determined attacker. `wrapper="bwrap"` starts workers inside
-    bubblewrap when it is installed.
+    their scratch directory and a dedicated uid each (so the fork limit really applies). The
+    worker compiles (never runs) answers up to 64 KiB before it forks. Not a security boundary
+    against a determined attacker. `wrapper="bwrap"` starts workers inside bubblewrap when it is
+    installed.
     """
 
     def __init__(
