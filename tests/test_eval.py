@@ -114,11 +114,11 @@ def test_interrupted_eval_resumes_without_regrading(sandbox, tmp_path: Path) -> 
     path = tmp_path / "r.jsonl"
     first = _Counting(problems)
     evaluate_sampling(
-        problems[:4], first, Grader(sandbox), 2, ResultStore(path)
-    )  # "interrupted" after 4
+        problems[:4], first, Grader(sandbox), 2, ResultStore(path), chunk=2
+    )  # "interrupted" after two whole chunks
     again = _Counting(problems)
     store = ResultStore(path)
-    evaluate_sampling(problems, again, Grader(sandbox), 2, store)
+    evaluate_sampling(problems, again, Grader(sandbox), 2, store, chunk=2)
     assert first.prompts == 8 and again.prompts == 4  # only the 2 unfinished problems
     assert len(store.rows) == 6 and len(path.read_text().splitlines()) == 6
 
@@ -205,7 +205,7 @@ def test_eval_cli_end_to_end_on_humaneval_with_tiny_models(
 ) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MARS2_TINY_MODELS": str(tiny_models_dir)}
     command = [
-        sys.executable, str(REPO / "src/mars2/eval.py"), "experiment=tiny_pair", "data=humaneval",
+        sys.executable, "-m", "mars2.cli.eval", "experiment=tiny_pair", "data=humaneval",
         "eval.limit=2", "eval.samples=2", "eval.tree_budget=3", f"hydra.run.dir={tmp_path}",
         f"paths.log_dir={tmp_path}/logs", "agents.tiny_qwen3.generation.max_new_tokens=24",
         "agents.tiny_llama.generation.max_new_tokens=24",

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from mars2.eval.runner import Summary
+from mars2.utils.atomic import atomic_write_text
+from mars2.utils.tracking import metric_key
 
 
 def table(summaries: Sequence[Summary]) -> str:
@@ -31,27 +34,24 @@ def write_reports(summaries: Sequence[Summary], directory: str | Path) -> dict[s
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     json_path, csv_path = out / "results.json", out / "results.csv"
-    json_path.write_text(json.dumps([s.__dict__ for s in summaries], indent=2))
-    with open(csv_path, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["setting", "group", "metric", "value"])
-        for s in summaries:
-            for metric, value in s.metrics.items():
-                writer.writerow([s.name, "all", metric, value])
-            for group, values in s.breakdown.items():
-                for metric, value in values.items():
-                    writer.writerow([s.name, group, metric, value])
+    atomic_write_text(json_path, json.dumps([s.__dict__ for s in summaries], indent=2))
+    buffer = io.StringIO(newline="")
+    writer = csv.writer(buffer)
+    writer.writerow(["setting", "group", "metric", "value"])
+    for s in summaries:
+        for metric, value in s.metrics.items():
+            writer.writerow([s.name, "all", metric, value])
+        for group, values in s.breakdown.items():
+            for metric, value in values.items():
+                writer.writerow([s.name, group, metric, value])
+    atomic_write_text(csv_path, buffer.getvalue())
     return {"json": json_path, "csv": csv_path}
 
 
 def log_to_mlflow(summaries: Sequence[Summary], logger: Any, files: Sequence[Path] = ()) -> None:
-    """Metrics as `<setting>/<metric>` on the logger's run, report files as artifacts."""
-    metrics = {}
-    for s in summaries:
-        for metric, value in s.metrics.items():
-            metrics[
-                f"{s.name}/{metric}".replace("@", "_at_").replace("(", "_").replace(")", "")
-            ] = value
+    """Metrics as `<setting>/<metric>` in names MLflow accepts as they are
+    (`team+tree/pass@1(mcts)` -> `team_tree/pass_at_1_mcts`), report files as artifacts."""
+    metrics = {metric_key(f"{s.name}/{m}"): v for s in summaries for m, v in s.metrics.items()}
     logger.log_metrics(metrics, step=0)
     for path in files:
         logger.experiment.log_artifact(logger.run_id, str(path))

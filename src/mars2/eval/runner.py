@@ -1,12 +1,17 @@
 """Evaluation runs: Pass@k from independent samples, Pass@1(MCTS) and Pass@N from grown trees.
 
-Results are appended per problem to a jsonl file as they finish, so an interrupted run continues
-where it stopped without regrading finished problems.
+Problems run in fixed chunks (trees of a chunk grow together, a round of expansions at a time);
+each chunk is seeded from the config's seed, the setting and the chunk's index alone. Results are
+kept per problem id in a jsonl file and trees in one file per problem, both written atomically as
+each chunk finishes, so an interrupted run continues with the first unfinished chunk and ends with
+exactly the numbers and trees of an uninterrupted run.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import zlib
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -14,12 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+from tqdm.auto import tqdm
 
 from mars2.data.problem import Problem
 from mars2.eval.passk import pass_at_k
 from mars2.search.prompts import PromptBuilder
 from mars2.search.runner import GraderLike, SearchConfig, TreeSearch
 from mars2.search.tree import Node, SearchTree, save_trees
+from mars2.utils.atomic import atomic_write_text
 
 
 def best_public_node(tree: SearchTree) -> Node | None:
@@ -32,25 +40,33 @@ def best_public_node(tree: SearchTree) -> Node | None:
 
 
 class ResultStore:
-    """Per-problem results of one evaluation, in a jsonl file that survives interruption."""
+    """Per-problem results of one evaluation, keyed by problem id, in a jsonl file that survives
+    interruption (rewritten atomically, so a kill never leaves a torn line)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.rows: dict[str, dict[str, Any]] = {}
         if self.path.exists():
             for line in self.path.read_text(encoding="utf-8").splitlines():
-                if line.strip():
+                if not line.strip():
+                    continue
+                try:
                     row = json.loads(line)
-                    self.rows[row["problem_id"]] = row
+                except json.JSONDecodeError:  # a torn last line of an older, non-atomic writer
+                    continue
+                self.rows[row["problem_id"]] = row
 
     def done(self, problem_id: str) -> bool:
         return problem_id in self.rows
 
     def add(self, row: dict[str, Any]) -> None:
-        self.rows[row["problem_id"]] = row
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(row) + "\n")
+        self.add_many([row])
+
+    def add_many(self, rows: Sequence[dict[str, Any]]) -> None:
+        for row in rows:
+            self.rows[row["problem_id"]] = row
+        text = "".join(json.dumps(r) + "\n" for r in self.rows.values())
+        atomic_write_text(self.path, text)
 
 
 def _metadata(problem: Problem) -> dict[str, Any]:
@@ -63,6 +79,32 @@ def _metadata(problem: Problem) -> dict[str, Any]:
     }
 
 
+def tree_file(folder: str | Path, problem_id: str) -> Path:
+    """The file holding one problem's tree: named by its id, so every problem keeps its own."""
+    return Path(folder) / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', problem_id)}.jsonl"
+
+
+def chunk_seed(seed: int, stream: str, index: int) -> list[int]:
+    """Seed material for chunk `index` of `stream` (e.g. ``sampling/<agent>``): a function of the
+    config's seed and the chunk's place in the problem list only, never of what ran before."""
+    return [int(seed), zlib.crc32(stream.encode("utf-8")), int(index)]
+
+
+def _seed_torch(material: list[int]) -> None:
+    torch.manual_seed(int(np.random.SeedSequence(material).generate_state(1)[0]))
+
+
+def _chunks(problems: Sequence[Problem], size: int | None) -> list[list[Problem]]:
+    step = size if size and size > 0 else max(1, len(problems))
+    return [list(problems[i : i + step]) for i in range(0, len(problems), step)]
+
+
+def _bar(total: int, done: int, desc: str, show: bool) -> Any:
+    return tqdm(
+        total=total, initial=done, desc=desc, unit="problem", disable=not show, dynamic_ncols=True
+    )
+
+
 def evaluate_sampling(
     problems: Sequence[Problem],
     generator: Any,
@@ -72,27 +114,40 @@ def evaluate_sampling(
     prompts: PromptBuilder | None = None,
     chunk: int = 16,
     on_progress: Callable[[int, int], None] | None = None,
+    seed: int | None = None,
+    stream: str = "sampling",
+    progress: bool = False,
 ) -> None:
-    """n independent samples per problem; stores the number that pass the private tests."""
+    """n independent samples per problem; stores the number that pass the private tests.
+
+    Problems go in fixed chunks of `chunk` (by position in `problems`). With `seed`, each chunk's
+    sampling is seeded from (seed, stream, chunk index), so a rerun, or a resumed run that redoes
+    an unfinished chunk, draws exactly the same samples. Finished chunks are skipped.
+    """
     prompts = prompts or PromptBuilder()
-    todo = [p for p in problems if not store.done(p.id)]
-    for start in range(0, len(todo), chunk):
-        part = todo[start : start + chunk]
-        chats = [prompts.fresh_messages(p) for p in part for _ in range(samples)]
-        completions = generator.generate(chats)
-        grades = grader.grade(
-            [
-                (p, c.text)
-                for p, c in zip([p for p in part for _ in range(samples)], completions, strict=True)
-            ]
-        )
-        for index, problem in enumerate(part):
-            mine = grades[index * samples : (index + 1) * samples]
-            store.add(
-                {**_metadata(problem), "n": samples, "correct": sum(g.private_passed for g in mine)}
-            )
-        if on_progress:
-            on_progress(len(todo) - len(todo[start + chunk :]), len(todo))
+    parts = _chunks(problems, chunk)
+    done = sum(store.done(p.id) for p in problems)
+    with _bar(len(problems), done, stream, progress) as bar:
+        for index, part in enumerate(parts):
+            if all(store.done(p.id) for p in part):
+                continue
+            if seed is not None:
+                _seed_torch(chunk_seed(seed, stream, index))
+            chats = [prompts.fresh_messages(p) for p in part for _ in range(samples)]
+            completions = generator.generate(chats)
+            owners = [p for p in part for _ in range(samples)]
+            grades = grader.grade([(p, c.text) for p, c in zip(owners, completions, strict=True)])
+            rows = []
+            for i, problem in enumerate(part):
+                mine = grades[i * samples : (i + 1) * samples]
+                correct = sum(g.private_passed for g in mine)
+                rows.append({**_metadata(problem), "n": samples, "correct": correct})
+            new = sum(not store.done(p.id) for p in part)
+            store.add_many(rows)
+            bar.update(new)
+            if on_progress:
+                finished = sum(store.done(p.id) for p in problems)
+                on_progress(finished, len(problems))
 
 
 def evaluate_tree(
@@ -105,28 +160,83 @@ def evaluate_tree(
     trees_path: str | Path | None = None,
     prompts: PromptBuilder | None = None,
     chunk: int = 8,
+    stream: str = "tree",
+    progress: bool = False,
 ) -> None:
-    """Grow a tree per problem; stores whether the best-public node and any node pass privately."""
+    """Grow trees for a chunk of problems at once, in rounds; stores whether the best-public node
+    and any node pass privately, and each problem's tree under `trees_path/<problem id>.jsonl`.
+
+    Each chunk's search and sampling are seeded from (rng_seed, stream, chunk index), so a resumed
+    run redoing an unfinished chunk grows exactly the trees an uninterrupted run grows.
+    """
     search = TreeSearch(config, prompts)
-    todo = [p for p in problems if not store.done(p.id)]
-    for start in range(0, len(todo), chunk):
-        part = todo[start : start + chunk]
-        trees = search.grow(part, generators, grader, np.random.default_rng([rng_seed, start]))
-        if trees_path is not None:
-            save_trees(trees, Path(trees_path) / f"trees_{start:05d}.jsonl")
-        for problem, tree in zip(part, trees, strict=True):
-            chosen = best_public_node(tree)
-            store.add(
-                {
-                    **_metadata(problem),
-                    "mcts_pass": bool(chosen is not None and chosen.private_passed),
-                    "any_pass": tree.solved,
-                    "nodes": len(tree),
-                    "agents": {
-                        name: sum(n.agent == name for n in tree.answers()) for name in generators
-                    },
-                }
-            )
+    parts = _chunks(problems, chunk)
+    done = sum(store.done(p.id) for p in problems)
+    with _bar(len(problems), done, stream, progress) as bar:
+        for index, part in enumerate(parts):
+            if all(store.done(p.id) for p in part):
+                continue
+            material = chunk_seed(rng_seed, stream, index)
+            _seed_torch(material)
+            trees = search.grow(part, generators, grader, np.random.default_rng(material))
+            if trees_path is not None:
+                for tree in trees:
+                    save_trees([tree], tree_file(trees_path, tree.problem.id))
+            rows = []
+            for problem, tree in zip(part, trees, strict=True):
+                chosen = best_public_node(tree)
+                agents = {name: sum(n.agent == name for n in tree.answers()) for name in generators}
+                rows.append(
+                    {
+                        **_metadata(problem),
+                        "mcts_pass": bool(chosen is not None and chosen.private_passed),
+                        "any_pass": tree.solved,
+                        "nodes": len(tree),
+                        "agents": agents,
+                    }
+                )
+            new = sum(not store.done(p.id) for p in part)
+            store.add_many(rows)
+            bar.update(new)
+
+
+def evaluate_settings(
+    problems: Sequence[Problem],
+    generators: Mapping[str, Any],
+    grader: GraderLike,
+    search_config: SearchConfig,
+    samples: int,
+    out: str | Path,
+    seed: int,
+    chunk: int | None = 32,
+    progress: bool = True,
+) -> list[Summary]:
+    """Every agent alone (Pass@k, then a single-agent tree) and the whole team (shared tree).
+
+    Results go to ``out/results/<setting>.jsonl`` and trees to ``out/trees/<setting>/<id>.jsonl``;
+    rerunning into the same `out` skips finished chunks and reproduces unfinished ones exactly.
+    """
+    out = Path(out)
+    size = chunk or len(problems)
+
+    def rows(store: ResultStore) -> list[dict[str, Any]]:
+        return [store.rows[p.id] for p in problems if p.id in store.rows]  # problem order
+
+    summaries = []
+    for name, generator in generators.items():
+        store = ResultStore(out / "results" / f"{name}_sampling.jsonl")
+        evaluate_sampling(problems, generator, grader, samples, store, chunk=size, seed=seed,
+                          stream=f"sampling/{name}", progress=progress)  # fmt: skip
+        summaries.append(summarise_sampling(name, rows(store)))
+    settings = [(f"{name}+tree", name, {name: g}) for name, g in generators.items()]
+    if len(generators) > 1:
+        settings.append(("team+tree", "team", dict(generators)))
+    for label, folder, team in settings:
+        store = ResultStore(out / "results" / f"{folder}_tree.jsonl")
+        evaluate_tree(problems, team, grader, search_config, store, seed, out / "trees" / folder,
+                      chunk=size, stream=f"tree/{folder}", progress=progress)  # fmt: skip
+        summaries.append(summarise_tree(label, rows(store)))
+    return summaries
 
 
 @dataclass

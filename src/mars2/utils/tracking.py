@@ -1,0 +1,189 @@
+"""An MLflow logger that continues the run of its run folder and leaves no run `RUNNING` forever.
+
+- The run folder's `mlflow_run.json` names its MLflow run, so a resumed command (same folder, see
+  `mars2.utils.runs`) logs into the same run, tagged `mars2.resumes`.
+- A resumed run re-does the steps after its checkpoint; a (metric, step) pair already in the run
+  is not logged again, so the history holds every step once.
+- Runs of this experiment still `RUNNING` whose process is gone (killed, crashed machine) are
+  marked `KILLED` when a later command starts; a run stopped by SIGTERM or Ctrl-C ends `KILLED`,
+  by an exception `FAILED`, otherwise `FINISHED`.
+- Metric names are made acceptable to MLflow up front (`pass@1` -> `pass_at_1`), without the
+  rename warnings Lightning's logger prints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.loggers import MLFlowLogger
+
+from mars2.utils.atomic import atomic_write_text
+
+RECORD = "mlflow_run.json"
+_REPLACEMENTS = (("@", "_at_"), ("+", "_"), ("(", "_"), (")", ""))
+
+
+def metric_key(name: str) -> str:
+    """`name` in the characters MLflow accepts (letters, digits, `_ - . / ` and space)."""
+    for old, new in _REPLACEMENTS:
+        name = name.replace(old, new)
+    return re.sub(r"[^A-Za-z0-9_\-./ ]", "_", name)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _read_record(run_dir: Path | None, tracking_uri: str | None) -> dict[str, Any] | None:
+    if run_dir is None or not (run_dir / RECORD).is_file():
+        return None
+    try:
+        record = json.loads((run_dir / RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if record.get("tracking_uri") == tracking_uri else None
+
+
+class RunTracker(MLFlowLogger):
+    """`MLFlowLogger` bound to a run folder (see the module docstring)."""
+
+    def __init__(self, *args: Any, run_dir: str | None = None, **kwargs: Any) -> None:
+        self.run_dir = Path(run_dir) if run_dir else None
+        record = _read_record(self.run_dir, kwargs.get("tracking_uri"))
+        self.resumed = bool(record) and not kwargs.get("run_id")
+        if self.resumed and record is not None:
+            kwargs["run_id"] = record["run_id"]
+        super().__init__(*args, **kwargs)
+        self._logged: set[tuple[str, int]] = set()
+        self._params: dict[str, str] = {}
+        self._started = False
+
+    @property  # type: ignore[override]
+    def experiment(self) -> Any:
+        client = MLFlowLogger.experiment.fget(self)  # type: ignore[attr-defined]
+        if self._initialized and not self._started:
+            self._started = True
+            self._start(client)
+        return client
+
+    def _start(self, client: Any) -> None:
+        run_id = self._run_id
+        mark_stale_runs(client, self._experiment_id, keep=run_id)
+        run = client.get_run(run_id)
+        tags = {
+            "mars2.pid": str(os.getpid()),
+            "mars2.host": socket.gethostname(),
+            "mars2.command": " ".join(sys.argv)[:4000],
+        }
+        if self.run_dir is not None:
+            tags["mars2.run_dir"] = str(self.run_dir)
+        if self.resumed:
+            previous = run.info.status
+            client.update_run(run_id, status="RUNNING")
+            count = int(run.data.tags.get("mars2.resumes", "0")) + 1
+            tags["mars2.resumes"] = str(count)
+            tags[f"mars2.attempt_{count - 1}_ended"] = (
+                "KILLED" if previous == "RUNNING" else str(previous)
+            )
+            self._params = dict(run.data.params)
+            for key in run.data.metrics:
+                for point in client.get_metric_history(run_id, key):
+                    self._logged.add((key, int(point.step)))
+        for key, value in tags.items():
+            client.set_tag(run_id, key, value)
+        if self.run_dir is not None:
+            atomic_write_text(
+                self.run_dir / RECORD,
+                json.dumps({"run_id": run_id, "tracking_uri": self._tracking_uri}) + "\n",
+            )
+
+    def log_hyperparams(self, params: Any) -> None:
+        _ = self.experiment
+        if isinstance(params, Mapping) and self._params:
+            # MLflow refuses to change a logged param: a resumed run keeps the first values and
+            # notes the ones that differ as tags.
+            fresh = {k: v for k, v in params.items() if k not in self._params}
+            for key, value in params.items():
+                if key in self._params and str(value)[:250] != self._params[key]:
+                    self.experiment.set_tag(self.run_id, f"mars2.resumed.{key}"[:250], str(value))
+            params = fresh
+        if params:
+            super().log_hyperparams(params)
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        _ = self.experiment
+        at = int(step or 0)
+        clean = {}
+        for key, value in metrics.items():
+            name = metric_key(key)
+            if (name, at) in self._logged:
+                continue  # a step redone after a resume: the history keeps its first value
+            self._logged.add((name, at))
+            clean[name] = value
+        if clean:
+            super().log_metrics(clean, step)
+
+    def finalize(self, status: str = "success") -> None:
+        if status == "failed" and isinstance(sys.exc_info()[1], KeyboardInterrupt | SystemExit):
+            status = "KILLED"  # Ctrl-C, or SIGTERM (Lightning raises SIGTERMException)
+        super().finalize(status)
+
+
+def mark_stale_runs(client: Any, experiment_id: str | None, keep: str | None = None) -> list[str]:
+    """Mark `KILLED` the runs of this experiment left `RUNNING` by a process of this machine that
+    no longer exists; returns their ids."""
+    if experiment_id is None:
+        return []
+    host = socket.gethostname()
+    marked = []
+    for run in client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'"):
+        tags = run.data.tags
+        if run.info.run_id == keep or tags.get("mars2.host") != host:
+            continue
+        pid = tags.get("mars2.pid", "")
+        if pid.isdigit() and not _alive(int(pid)):
+            client.set_terminated(run.info.run_id, "KILLED")
+            marked.append(run.info.run_id)
+    return marked
+
+
+@contextlib.contextmanager
+def tracked(logger: Any) -> Iterator[None]:
+    """Run a block outside Lightning (evaluation) so the logger's run ends FINISHED, FAILED, or
+    KILLED (SIGTERM is turned into SystemExit so the run is closed before the process exits)."""
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        signal.signal(signal.SIGTERM, on_term)
+    except ValueError:  # not the main thread
+        previous = None
+    try:
+        yield
+    except BaseException:
+        if logger:
+            logger.finalize("failed")
+        raise
+    else:
+        if logger:
+            logger.finalize("success")
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
