@@ -18,10 +18,10 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from mars2.data.sources import arithmetic
+from mars2.eval.callbacks import HeldOutEvalCallback
 from mars2.models.loading import ModelSpec
 from mars2.models.tiny import make_tiny_models
 from mars2.training.agent_module import AgentModule, GenerationConfig
-from mars2.training.callback import HeldOutEvalCallback
 from mars2.training.run import build_run
 from mars2.training.warm_start import WarmStartConfig, warm_start
 

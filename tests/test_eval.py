@@ -230,3 +230,70 @@ def test_eval_cli_end_to_end_on_humaneval_with_tiny_models(
             assert summaries[name]["metrics"][f"pass@{k}"] == pytest.approx(expected)
     assert "pass@1" in result.stdout and "team+tree" in result.stdout
     assert (tmp_path / "results.csv").exists() and list((tmp_path / "tree_pages").glob("*.html"))
+
+
+# --- reproducible, resumable evaluation with the tiny agents -------------------------------------
+
+
+def _tiny_generators(tiny_models_dir: Path) -> dict:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mars2.generation.transformers_backend import TransformersGenerator
+
+    generators = {}
+    for name in ("tiny_qwen3", "tiny_llama"):
+        path = tiny_models_dir / name
+        model = AutoModelForCausalLM.from_pretrained(path).eval()
+        generators[name] = TransformersGenerator(model, AutoTokenizer.from_pretrained(path), 24)
+    return generators
+
+
+class _DiesAfter:
+    """A grader that works `calls` times and then fails, as a killed run stops."""
+
+    def __init__(self, grader: Grader, calls: int) -> None:
+        self.grader, self.calls = grader, calls
+
+    def grade(self, items):
+        if self.calls == 0:
+            raise KeyboardInterrupt("killed")
+        self.calls -= 1
+        return self.grader.grade(items)
+
+
+def _eval_files(out: Path) -> dict[str, str]:
+    return {str(p.relative_to(out)): p.read_text() for p in sorted(out.rglob("*.jsonl"))}
+
+
+def test_tiny_eval_twice_same_numbers_and_killed_eval_resumes_exactly(
+    sandbox, tmp_path: Path, tiny_models_dir: Path
+) -> None:
+    from mars2.eval.runner import evaluate_settings
+
+    problems = toy_problems()[:4]
+    generators = _tiny_generators(tiny_models_dir)
+    config = SearchConfig(max_nodes=3, expansions_per_round=2)
+
+    def run(out: Path, grader) -> list:
+        return evaluate_settings(problems, generators, grader, config, 2, out, seed=7, chunk=2,
+                                 progress=False)  # fmt: skip
+
+    first = run(tmp_path / "a", Grader(sandbox))
+    torch_state_moved = _tiny_generators  # the global RNG has moved on since: reseeding matters
+    second = run(tmp_path / "b", Grader(sandbox))
+    assert torch_state_moved and [s.metrics for s in first] == [s.metrics for s in second]
+    assert _eval_files(tmp_path / "a") == _eval_files(tmp_path / "b")
+    trees = sorted((tmp_path / "a" / "trees").rglob("*.jsonl"))
+    assert len(trees) == 3 * len(problems)  # one file per problem and setting (2 agents + team)
+
+    # Killed in the middle of the tree phase (after 2 sampling chunks x 2 agents + 3 rounds)...
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "c", _DiesAfter(Grader(sandbox), 7))
+    partial = _eval_files(tmp_path / "c")
+    assert partial and len(partial) < len(_eval_files(tmp_path / "a"))
+    # ...and resumed: every file of the uninterrupted run, byte for byte, and its numbers.
+    resumed = run(tmp_path / "c", Grader(sandbox))
+    assert [s.metrics for s in resumed] == [s.metrics for s in first]
+    assert _eval_files(tmp_path / "c") == _eval_files(tmp_path / "a")
+    for name, text in partial.items():  # nothing finished before the kill was lost or changed
+        assert _eval_files(tmp_path / "c")[name] == text

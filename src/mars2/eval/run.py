@@ -1,4 +1,4 @@
-"""`python src/mars2/eval.py ...`: every agent alone and the team, Pass@k and tree-search metrics."""
+"""`mars2-eval ...`: every agent alone and the team, Pass@k and tree-search metrics."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
+from mars2.builders import build_agents, build_grader, build_logger, build_problems, build_sandbox
 from mars2.eval.report import log_to_mlflow, table, write_reports
 from mars2.eval.runner import (
     ResultStore,
@@ -21,10 +22,8 @@ from mars2.eval.runner import (
 )
 from mars2.eval.tree_view import write_tree_pages
 from mars2.generation.transformers_backend import TransformersGenerator
-from mars2.sandbox.grader import Grader
 from mars2.search.runner import SearchConfig
 from mars2.search.tree import load_trees
-from mars2.training.run import build_agents, build_logger
 from mars2.training.team_module import MultiAgentModule
 
 log = logging.getLogger(__name__)
@@ -96,7 +95,7 @@ def run_evaluation(
 def evaluate(cfg: DictConfig) -> list[Summary]:
     """Build, run, report. Rerunning into the same output dir skips problems already graded."""
     out = Path(cfg.paths.output_dir)
-    problems = hydra.utils.instantiate(cfg.data.eval, _convert_="all")
+    problems = build_problems(cfg, "eval")
     if cfg.eval.limit:
         problems = problems[: cfg.eval.limit]
     team = load_team(cfg)
@@ -108,9 +107,9 @@ def evaluate(cfg: DictConfig) -> list[Summary]:
         expansions_per_round=base.expansions_per_round,
         policy=base.policy,
     )
-    sandbox = hydra.utils.instantiate(cfg.sandbox, _convert_="all")
+    sandbox = build_sandbox(cfg)
     try:
-        grader = Grader(sandbox, reward=cfg.grader.reward)
+        grader = build_grader(cfg, sandbox)
         summaries = run_evaluation(
             problems, generators, grader, search_config, cfg.eval.samples, out, cfg.seed
         )

@@ -12,6 +12,7 @@ import torch
 from mars2.generation.transformers_backend import TransformersGenerator
 from mars2.models.loading import ModelSpec, frozen_copy, load_policy, load_tokenizer
 from mars2.training.losses import LossConfig, policy_loss, token_entropy, token_logprobs
+from mars2.training.members import next_batch
 
 
 @dataclass(frozen=True)
@@ -196,8 +197,6 @@ class AgentModule(pl.LightningModule):
 
     def training_step(self, dataloader_iter: Any) -> None:
         """Single-agent GRPO: train on this agent's part of a tree-search batch."""
-        from mars2.training.datamodule import next_batch
-
         batch = next_batch(self, dataloader_iter)
         samples = batch["agents"].get(self.name, [])
         if not samples:
@@ -261,10 +260,3 @@ def optimise_agent(
     scheduler.step()
     totals["lr"] = float(scheduler.get_last_lr()[0])
     return totals
-
-
-def team_members(module: Any) -> dict[str, AgentModule]:
-    """The agents a trained module holds: a team's members, or a lone agent itself."""
-    if hasattr(module, "agents"):
-        return dict(module.agents)
-    return {module.name: module}

@@ -1,5 +1,7 @@
 """`MultiAgentCallback`: after each step, sync weights to generators, update agent statistics,
-log per-agent metrics and save the step's trees (as MLflow artifacts when MLflow is the logger)."""
+log per-agent metrics and save the step's trees (as MLflow artifacts when MLflow is the logger).
+
+Views and held-out evaluation during training live with eval (`mars2.eval.callbacks`)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import lightning.pytorch as pl
 from torchmetrics import MeanMetric
 
 from mars2.search.tree import save_trees
-from mars2.training.agent_module import team_members
+from mars2.training.members import team_members
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +25,7 @@ def log_artifact(trainer: pl.Trainer, path: Path, folder: str) -> None:
         logger.experiment.log_artifact(logger.run_id, str(path), artifact_path=folder)
 
 
-def _datamodule(trainer: pl.Trainer) -> Any:
+def run_datamodule(trainer: pl.Trainer) -> Any:
     """The run's TreeSearchDataModule (Lightning sets it on the trainer at fit time)."""
     return getattr(trainer, "datamodule", None)
 
@@ -53,7 +55,7 @@ class MultiAgentCallback(pl.Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        datamodule = _datamodule(trainer)
+        datamodule = run_datamodule(trainer)
         data = getattr(datamodule, "last", None)
         if data is None:
             return
@@ -80,71 +82,9 @@ class MultiAgentCallback(pl.Callback):
         log_artifact(trainer, path, "trees")
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.global_rank != 0:
-            return
-        self._save_views(trainer)
-        if not self.save_final_agents:
+        if trainer.global_rank != 0 or not self.save_final_agents:
             return
         for name, agent in team_members(pl_module).items():
             target = self.output_dir / "agents" / name
             agent.save_pretrained(str(target))
             log.info("saved agent %s to %s", name, target)
-
-    def _save_views(self, trainer: pl.Trainer) -> None:
-        """The overview plot over all saved steps and HTML pages of the last step's trees."""
-        from mars2.eval.tree_view import plot_training_overview, write_tree_pages
-        from mars2.search.tree import load_trees
-
-        files = sorted((self.output_dir / "trees").glob("step_*_rank0.jsonl"))
-        if not files:
-            return
-        by_step = {int(f.name.split("_")[1]): load_trees(f) for f in files}
-        outputs = [plot_training_overview(by_step, self.output_dir / "overview.png")]
-        outputs += write_tree_pages(by_step[max(by_step)], self.output_dir / "tree_pages")
-        for path in outputs:
-            log_artifact(trainer, path, "views")
-
-
-class HeldOutEvalCallback(pl.Callback):
-    """Every `every` steps (and before the first), each agent's pass@1 on held-out problems.
-
-    Uses the agents' own generators (same temperature as training) and the run's grader; logs
-    ``heldout/<agent>/pass@1`` and keeps the curve in `history` as (step, agent, pass@1).
-    """
-
-    def __init__(self, problems: Any, every: int = 5, samples: int = 2) -> None:
-        super().__init__()
-        self.problems = list(problems)
-        self.every = every
-        self.samples = samples
-        self.history: list[tuple[int, str, float]] = []
-
-    def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int) -> None:
-        import tempfile
-
-        from mars2.eval.runner import ResultStore, evaluate_sampling, summarise_sampling
-
-        grader = _datamodule(trainer).engine.grader
-        for name, agent in team_members(pl_module).items():
-            with tempfile.TemporaryDirectory() as tmp:
-                store = ResultStore(f"{tmp}/heldout.jsonl")
-                evaluate_sampling(self.problems, agent.generator, grader, self.samples, store)
-                score = summarise_sampling(name, list(store.rows.values())).metrics["pass@1"]
-            self.history.append((step, name, score))
-            if trainer.logger:
-                trainer.logger.log_metrics({f"heldout/{name}/pass@1": score}, step=step)
-
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._evaluate(trainer, pl_module, 0)
-
-    def on_train_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
-        step = _datamodule(trainer).last.step + 1  # steps completed so far
-        if step % self.every == 0:
-            self._evaluate(trainer, pl_module, step)

@@ -6,11 +6,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.utilities import move_data_to_device
 from torch.utils.data import DataLoader, IterableDataset
 
-from mars2.training.agent_module import team_members
 from mars2.training.batching import micro_batches
+from mars2.training.members import team_members
 from mars2.training.rollout import RolloutEngine, TreeBundle
 
 
@@ -89,9 +88,3 @@ class TreeSearchDataModule(pl.LightningDataModule):
         self.next_step = int(state_dict["next_step"])
         if "agent_statistics" in state_dict and self.engine.agent_statistics is not None:
             self.engine.agent_statistics.load_state_dict(state_dict["agent_statistics"])
-
-
-def next_batch(module: pl.LightningModule, dataloader_iter: Iterator[Any]) -> dict[str, Any]:
-    """Pull the next step's batch and move its tensors to the module's device."""
-    batch, _, _ = next(dataloader_iter)
-    return move_data_to_device(batch, module.device)

@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import logging
 import warnings
-from pathlib import Path
 from typing import Any
 
 import hydra
 import lightning.pytorch as pl
 from omegaconf import DictConfig, OmegaConf
 
-from mars2.rewards.routing import AdvantageConfig
-from mars2.sandbox.grader import Grader
+from mars2.builders import (
+    build_agents,
+    build_callbacks,
+    build_grader,
+    build_logger,
+    build_problems,
+    build_sandbox,
+    flat_params,
+)
 from mars2.training.agent_module import AgentModule
 from mars2.training.datamodule import TreeSearchDataModule
-from mars2.training.rollout import ProblemSchedule, RolloutEngine
+from mars2.training.rollout import RolloutEngine
 from mars2.training.team_module import MultiAgentModule
 from mars2.training.warm_start import WarmStartConfig, warm_start
 
@@ -31,26 +37,13 @@ for _pattern in (
     warnings.filterwarnings("ignore", message=_pattern)
 
 
-def build_agents(cfg: DictConfig) -> dict[str, AgentModule]:
-    """Instantiate every agent under ``cfg.agents``; its key must match its name."""
-    if not cfg.get("agents"):
-        raise ValueError("no agents configured: pick some with agent=[name,...]")
-    agents = {}
-    for key, agent_cfg in cfg.agents.items():
-        agent = hydra.utils.instantiate(agent_cfg, _convert_="all")
-        if agent.name != key:
-            raise ValueError(f"agent config {key!r} names itself {agent.name!r}")
-        agents[key] = agent
-    return agents
-
-
 def run_warm_start(cfg: DictConfig, agents: dict[str, AgentModule]) -> None:
     """Supervised warm start of every agent on ``data.warm_start`` problems (disjoint from RL)."""
     if not cfg.data.get("warm_start"):
         raise ValueError(
             "warm_start is set but the data config has no warm_start problems (try data=arith)"
         )
-    problems = hydra.utils.instantiate(cfg.data.warm_start, _convert_="all")
+    problems = build_problems(cfg, "warm_start")
     settings = WarmStartConfig(**OmegaConf.to_container(cfg.warm_start, resolve=True))  # type: ignore[arg-type]
     for name, agent in agents.items():
         losses = warm_start(agent, problems, settings)
@@ -63,21 +56,23 @@ def run_warm_start(cfg: DictConfig, agents: dict[str, AgentModule]) -> None:
         )
 
 
-def build_callbacks(cfg: DictConfig) -> list[pl.Callback]:
-    return [
-        hydra.utils.instantiate(c, _convert_="all")
-        for c in (cfg.get("callbacks") or {}).values()
-        if c
-    ]
-
-
-def build_logger(cfg: DictConfig) -> Any:
-    if not cfg.get("logger"):
-        return False
-    uri = cfg.logger.get("tracking_uri")
-    if uri and str(uri).startswith("sqlite:///"):
-        Path(str(uri)[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
-    return hydra.utils.instantiate(cfg.logger, _convert_="all")
+def build_rollout(cfg: DictConfig, grader: Any) -> RolloutEngine:
+    """The rollout engine of ``cfg.rollout``: its schedule over ``data.train``, the search, the
+    grader and the advantage settings."""
+    # Built objects go in as call arguments of the partials, never through Hydra's merge (which
+    # would turn dataclasses such as Problem into configs).
+    spec: Any = OmegaConf.to_container(cfg.rollout, resolve=True)
+    make_schedule = hydra.utils.instantiate(spec.pop("schedule"), _partial_=True)
+    search = hydra.utils.instantiate(cfg.search, _convert_="all")
+    make_engine = hydra.utils.instantiate(spec, _partial_=True)
+    engine: RolloutEngine = make_engine(
+        schedule=make_schedule(problems=build_problems(cfg, "train")),
+        search=search,
+        grader=grader,
+        advantages=hydra.utils.instantiate(cfg.advantage),
+        agent_statistics=search.agent_statistics,
+    )
+    return engine
 
 
 def build_run(cfg: DictConfig) -> tuple[Any, TreeSearchDataModule, pl.Trainer, Any]:
@@ -87,25 +82,14 @@ def build_run(cfg: DictConfig) -> tuple[Any, TreeSearchDataModule, pl.Trainer, A
     if cfg.get("warm_start") and not cfg.get("ckpt_path"):  # a checkpoint brings trained weights
         run_warm_start(cfg, agents)
     module: Any = MultiAgentModule(agents)
-    sandbox = hydra.utils.instantiate(cfg.sandbox, _convert_="all")
-    grader = Grader(sandbox, reward=cfg.grader.reward, early_stop=cfg.grader.early_stop)
-    problems = hydra.utils.instantiate(cfg.data.train, _convert_="all")
-    search = hydra.utils.instantiate(cfg.search, _convert_="all")
-    engine = RolloutEngine(
-        ProblemSchedule(problems, cfg.problems_per_step, cfg.seed),
-        search,
-        grader,
-        AdvantageConfig(**OmegaConf.to_container(cfg.advantage, resolve=True)),  # type: ignore[arg-type]
-        agent_statistics=search.agent_statistics,
-        overlong_penalty=cfg.overlong_penalty,
-    )
-    datamodule = TreeSearchDataModule(engine, max_steps=cfg.steps)
+    sandbox = build_sandbox(cfg)
+    datamodule = TreeSearchDataModule(build_rollout(cfg, build_grader(cfg, sandbox)), cfg.steps)
     logger = build_logger(cfg)
     trainer = hydra.utils.instantiate(
         cfg.trainer, callbacks=build_callbacks(cfg), logger=logger, _convert_="all"
     )
     if logger:
-        logger.log_hyperparams(_flat_params(cfg))
+        logger.log_hyperparams(flat_params(cfg))
     return module, datamodule, trainer, sandbox
 
 
@@ -123,18 +107,3 @@ def train(cfg: DictConfig) -> dict[str, float]:
         {k: round(v, 4) for k, v in metrics.items() if "/" not in k},
     )
     return metrics
-
-
-def _flat_params(cfg: DictConfig) -> dict[str, Any]:
-    """The resolved config flattened to dotted keys (MLflow params)."""
-    flat: dict[str, Any] = {}
-
-    def walk(node: Any, prefix: str) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                walk(value, f"{prefix}.{key}" if prefix else str(key))
-        else:
-            flat[prefix] = str(node)[:500]
-
-    walk(OmegaConf.to_container(cfg, resolve=True), "")
-    return flat

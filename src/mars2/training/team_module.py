@@ -9,8 +9,8 @@ import lightning.pytorch as pl
 import torch
 
 from mars2.training.agent_module import AgentModule, optimise_agent
-from mars2.training.datamodule import next_batch
 from mars2.training.distributed import average_gradients, global_counts
+from mars2.training.members import next_batch
 
 
 class MultiAgentModule(pl.LightningModule):

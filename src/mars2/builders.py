@@ -1,0 +1,77 @@
+"""Objects a training or an evaluation run builds from its composed Hydra config.
+
+Shared by `mars2.training.run` and `mars2.eval.run`; it sits below both and imports neither.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+
+def build_agents(cfg: DictConfig) -> dict[str, Any]:
+    """Instantiate every agent under ``cfg.agents``; its key must match its name."""
+    if not cfg.get("agents"):
+        raise ValueError("no agents configured: pick some with agent=[name,...]")
+    agents = {}
+    for key, agent_cfg in cfg.agents.items():
+        agent = hydra.utils.instantiate(agent_cfg, _convert_="all")
+        if agent.name != key:
+            raise ValueError(f"agent config {key!r} names itself {agent.name!r}")
+        agents[key] = agent
+    return agents
+
+
+def build_callbacks(cfg: DictConfig) -> list[Any]:
+    """Every non-null entry under ``cfg.callbacks``."""
+    return [
+        hydra.utils.instantiate(c, _convert_="all")
+        for c in (cfg.get("callbacks") or {}).values()
+        if c
+    ]
+
+
+def build_logger(cfg: DictConfig) -> Any:
+    """The configured Lightning logger, or False when ``logger`` is null."""
+    if not cfg.get("logger"):
+        return False
+    uri = cfg.logger.get("tracking_uri")
+    if uri and str(uri).startswith("sqlite:///"):
+        Path(str(uri)[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+    return hydra.utils.instantiate(cfg.logger, _convert_="all")
+
+
+def build_sandbox(cfg: DictConfig) -> Any:
+    """The configured sandbox (the caller closes it)."""
+    return hydra.utils.instantiate(cfg.sandbox, _convert_="all")
+
+
+def build_grader(cfg: DictConfig, sandbox: Any) -> Any:
+    """The grader of ``cfg.grader`` (a `_target_` config) running on `sandbox`."""
+    return hydra.utils.instantiate(cfg.grader, _partial_=True)(sandbox=sandbox)
+
+
+def build_problems(cfg: DictConfig, part: str) -> list[Any]:
+    """The problems of ``cfg.data.<part>`` (train, eval or warm_start)."""
+    node = cfg.data.get(part)
+    if not node:
+        raise ValueError(f"the data config has no {part!r} problems")
+    return list(hydra.utils.instantiate(node, _convert_="all"))
+
+
+def flat_params(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved config flattened to dotted keys (MLflow params)."""
+    flat: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{prefix}.{key}" if prefix else str(key))
+        else:
+            flat[prefix] = str(node)[:500]
+
+    walk(OmegaConf.to_container(cfg, resolve=True), "")
+    return flat

@@ -1,0 +1,26 @@
+"""Console entry points (`mars2-train`, `mars2-eval`); Hydra reads configs from `mars2.configs`.
+
+The configs ship inside the package (``pkg://mars2.configs``, the repository's ``configs/``), so
+the scripts work from any directory and from a wheel. Add your own config directories with
+``hydra.searchpath=[file:///abs/dir]`` (or ``--config-dir DIR``): a file there such as
+``experiment/mine.yaml`` is then selectable as ``experiment=mine``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+CONFIG_PATH = "pkg://mars2.configs"
+
+
+def default_root() -> None:
+    """Point ``paths.root_dir`` (logs/, .cache/) at the checkout when running from one.
+
+    An editable install or ``python src/mars2/train.py`` writes into the checkout as before; an
+    installed wheel writes below the working directory (``paths.root_dir`` defaults to ``.``).
+    ``MARS2_ROOT`` set by the user always wins.
+    """
+    checkout = Path(__file__).resolve().parents[3]
+    if (checkout / "pyproject.toml").is_file() and (checkout / "configs").is_dir():
+        os.environ.setdefault("MARS2_ROOT", str(checkout))
