@@ -11,6 +11,8 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from mars2.utils.validation import load_problem_set
+
 
 def build_agents(cfg: DictConfig) -> dict[str, Any]:
     """Instantiate every agent under ``cfg.agents``; its key must match its name."""
@@ -54,12 +56,9 @@ def build_grader(cfg: DictConfig, sandbox: Any) -> Any:
     return hydra.utils.instantiate(cfg.grader, _partial_=True)(sandbox=sandbox)
 
 
-def build_problems(cfg: DictConfig, part: str) -> list[Any]:
-    """The problems of ``cfg.data.<part>`` (train, eval or warm_start)."""
-    node = cfg.data.get(part)
-    if not node:
-        raise ValueError(f"the data config has no {part!r} problems")
-    return list(hydra.utils.instantiate(node, _convert_="all"))
+def build_problems(cfg: DictConfig, part: str, limit: int | None = None) -> list[Any]:
+    """The problems of ``cfg.data.<part>`` (train, eval or warm_start), checked and limited."""
+    return load_problem_set(cfg, part, limit)
 
 
 def flat_params(cfg: DictConfig) -> dict[str, Any]:
