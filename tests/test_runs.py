@@ -110,7 +110,9 @@ def _train_command(logs: Path, tiny: Path, *extra: str) -> list[str]:
     return [
         sys.executable, str(REPO / "src/mars2/train.py"), "experiment=tiny_pair", "debug=fast",
         "steps=4", "data=toy", f"paths.log_dir={logs}", f"paths.tiny_models_dir={tiny}",
-        "sandbox.num_workers=1", "advantage.filter_degenerate=false", *extra,
+        "sandbox.num_workers=1", "advantage.filter_degenerate=false", "problems_per_step=1",
+        "search.config.max_nodes=2", "agents.tiny_qwen3.generation.max_new_tokens=12",
+        "agents.tiny_llama.generation.max_new_tokens=12", *extra,
     ]  # fmt: skip
 
 
@@ -141,7 +143,8 @@ def test_killed_run_resumes_into_the_same_folder_and_mlflow_run(
             time.sleep(0.2)
         assert first.poll() is None, first.stderr.read().decode()[-3000:] if first.stderr else ""
     finally:
-        os.killpg(first.pid, signal.SIGKILL)  # no chance to clean up: like a crash
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)  # no chance to clean up: like a crash
         first.wait()
     (folder,) = runs_root.iterdir()
     client, (run,) = _mlflow_runs(logs)
@@ -166,7 +169,10 @@ def test_killed_run_resumes_into_the_same_folder_and_mlflow_run(
     assert (folder / "overview.png").exists()
     # Running means continue across the resume: the last one averages all four steps.
     key = "tiny_qwen3/reward_mean"
-    values = [p.value for p in sorted(client.get_metric_history(run.info.run_id, key), key=lambda p: p.step)]
+    values = [
+        p.value
+        for p in sorted(client.get_metric_history(run.info.run_id, key), key=lambda p: p.step)
+    ]
     running = client.get_metric_history(run.info.run_id, f"{key}_running")
     final = max(running, key=lambda p: p.step).value
     assert final == pytest.approx(sum(values) / len(values), rel=1e-5)

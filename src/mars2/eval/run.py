@@ -10,21 +10,24 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from mars2.builders import build_agents, build_grader, build_logger, build_problems, build_sandbox
-from mars2.eval.report import log_to_mlflow, table, write_reports
-from mars2.eval.runner import (
-    ResultStore,
-    Summary,
-    evaluate_sampling,
-    evaluate_tree,
-    summarise_sampling,
-    summarise_tree,
+from mars2.builders import (
+    build_agents,
+    build_grader,
+    build_logger,
+    build_problems,
+    build_sandbox,
+    flat_params,
 )
+from mars2.eval.report import log_to_mlflow, table, write_reports
+from mars2.eval.runner import Summary, evaluate_settings
 from mars2.eval.tree_view import write_tree_pages
 from mars2.generation.transformers_backend import TransformersGenerator
 from mars2.search.runner import SearchConfig
 from mars2.search.tree import load_trees
 from mars2.training.team_module import MultiAgentModule
+from mars2.utils.logs import one_line_per_message
+from mars2.utils.tracking import tracked
+from mars2.utils.validation import validate_eval_config
 
 log = logging.getLogger(__name__)
 
@@ -71,33 +74,40 @@ def run_evaluation(
     samples: int,
     out: Path,
     seed: int,
+    chunk: int | None = 32,
 ) -> list[Summary]:
     """Every agent alone (Pass@k, single-agent tree) and the whole team (shared tree)."""
-    summaries = []
-    for name, generator in generators.items():
-        store = ResultStore(out / "results" / f"{name}_sampling.jsonl")
-        evaluate_sampling(problems, generator, grader, samples, store)
-        summaries.append(summarise_sampling(f"{name}", list(store.rows.values())))
-        store = ResultStore(out / "results" / f"{name}_tree.jsonl")
-        evaluate_tree(
-            problems, {name: generator}, grader, search_config, store, seed, out / "trees" / name
-        )
-        summaries.append(summarise_tree(f"{name}+tree", list(store.rows.values())))
-    if len(generators) > 1:
-        store = ResultStore(out / "results" / "team_tree.jsonl")
-        evaluate_tree(
-            problems, generators, grader, search_config, store, seed, out / "trees" / "team"
-        )
-        summaries.append(summarise_tree("team+tree", list(store.rows.values())))
-    return summaries
+    return evaluate_settings(
+        problems, generators, grader, search_config, samples, out, seed, chunk
+    )
 
 
 def evaluate(cfg: DictConfig) -> list[Summary]:
-    """Build, run, report. Rerunning into the same output dir skips problems already graded."""
+    """Validate, build, run, report. Rerunning into the same output dir (`resume=true` or the
+    same `hydra.run.dir`) keeps what is finished and redoes the rest exactly."""
+    one_line_per_message()
+    validate_eval_config(cfg)
     out = Path(cfg.paths.output_dir)
-    problems = build_problems(cfg, "eval")
-    if cfg.eval.limit:
-        problems = problems[: cfg.eval.limit]
+    problems = build_problems(cfg, "eval", cfg.eval.limit)
+    logger = build_logger(cfg)
+    if logger:
+        logger.log_hyperparams(flat_params(cfg))
+    with tracked(logger):
+        summaries = _evaluate(cfg, problems, out)
+        print(table(summaries))
+        files = write_reports(summaries, out)
+        team_trees = sorted((out / "trees" / "team").glob("*.jsonl")) or sorted(
+            (out / "trees").glob("*/*.jsonl")
+        )
+        pages = write_tree_pages(
+            [t for path in team_trees[:8] for t in load_trees(path)], out / "tree_pages"
+        )
+        if logger:
+            log_to_mlflow(summaries, logger, [*files.values(), *pages])
+    return summaries
+
+
+def _evaluate(cfg: DictConfig, problems: list[Any], out: Path) -> list[Summary]:
     team = load_team(cfg)
     generators = eval_generators(team, cfg.eval.temperature)
     base: SearchConfig = hydra.utils.instantiate(cfg.search.config, _convert_="all")
@@ -110,20 +120,9 @@ def evaluate(cfg: DictConfig) -> list[Summary]:
     sandbox = build_sandbox(cfg)
     try:
         grader = build_grader(cfg, sandbox)
-        summaries = run_evaluation(
-            problems, generators, grader, search_config, cfg.eval.samples, out, cfg.seed
-        )
+        return run_evaluation(
+            problems, generators, grader, search_config, cfg.eval.samples, out, cfg.seed,
+            cfg.eval.get("chunk"),
+        )  # fmt: skip
     finally:
         sandbox.close()
-    print(table(summaries))
-    files = write_reports(summaries, out)
-    team_trees = sorted((out / "trees" / "team").glob("*.jsonl")) or sorted(
-        (out / "trees").glob("*/*.jsonl")
-    )
-    pages = write_tree_pages(
-        [t for path in team_trees[:1] for t in load_trees(path)][:8], out / "tree_pages"
-    )
-    logger = build_logger(cfg)
-    if logger:
-        log_to_mlflow(summaries, logger, [*files.values(), *pages])
-    return summaries

@@ -47,6 +47,14 @@ class MultiAgentCallback(pl.Callback):
         metric.update(value)
         return float(metric.compute())
 
+    def state_dict(self) -> dict[str, Any]:  # in checkpoints: running means survive a resume
+        return {"running": {k: (float(m.mean_value), float(m.weight)) for k, m in self._running.items()}}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for key, (total, weight) in state_dict.get("running", {}).items():
+            if weight:
+                self._running.setdefault(key, MeanMetric()).update(total / weight, weight=weight)
+
     def on_train_batch_end(
         self,
         trainer: pl.Trainer,

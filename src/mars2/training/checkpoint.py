@@ -1,4 +1,4 @@
-"""Checkpoints that survive a full disk, and a training progress bar with a total and an ETA."""
+"""Checkpoints that survive a full disk."""
 
 from __future__ import annotations
 
@@ -7,17 +7,21 @@ import io
 import logging
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 from weakref import proxy
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from mars2.utils.atomic import fsync_dir, write_error
 
 log = logging.getLogger(__name__)
+
+# A resumed run writes into its own checkpoint folder again: that is the point, not a mistake.
+warnings.filterwarnings("ignore", message=".*Checkpoint directory .* exists and is not empty.*")
 
 
 def _checkpoint_size(trainer: pl.Trainer, weights_only: bool) -> int | None:
@@ -68,36 +72,3 @@ class AtomicModelCheckpoint(ModelCheckpoint):
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(proxy(self))
-
-
-class StepProgressBar(TQDMProgressBar):
-    """The training bar counts team steps out of `trainer.max_steps`, so it shows a total and an
-    ETA (the rollout stream has no length, which left Lightning's bar at `17/?`)."""
-
-    @property
-    def total_train_batches(self) -> int | float:
-        max_steps = self.trainer.max_steps
-        return max_steps if max_steps and max_steps > 0 else super().total_train_batches
-
-    def _done(self, trainer: pl.Trainer) -> int:
-        datamodule = getattr(trainer, "datamodule", None)
-        return int(getattr(datamodule, "next_step", 0) or 0)
-
-    def on_train_epoch_start(self, trainer: pl.Trainer, *args: Any) -> None:
-        super().on_train_epoch_start(trainer, *args)
-        done = self._done(trainer)
-        if done:  # resumed: start the bar (and its ETA) at the steps already done
-            bar = self.train_progress_bar
-            bar.initial = done
-            bar.n = done
-            bar.last_print_n = done
-            bar.refresh()
-
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-        batch_idx: int,
-    ) -> None:  # fmt: skip
-        bar = self.train_progress_bar
-        bar.n = self._done(trainer)
-        bar.set_postfix(self.get_metrics(trainer, pl_module))
-        bar.refresh()

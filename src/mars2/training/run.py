@@ -23,7 +23,11 @@ from mars2.training.agent_module import AgentModule
 from mars2.training.datamodule import TreeSearchDataModule
 from mars2.training.rollout import RolloutEngine
 from mars2.training.team_module import MultiAgentModule
+from mars2.training.progress import warm_start_bar
 from mars2.training.warm_start import WarmStartConfig, warm_start
+from mars2.utils.logs import one_line_per_message
+from mars2.utils.runs import resolve_checkpoint
+from mars2.utils.validation import validate_train_config
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +50,8 @@ def run_warm_start(cfg: DictConfig, agents: dict[str, AgentModule]) -> None:
     problems = build_problems(cfg, "warm_start")
     settings = WarmStartConfig(**OmegaConf.to_container(cfg.warm_start, resolve=True))  # type: ignore[arg-type]
     for name, agent in agents.items():
-        losses = warm_start(agent, problems, settings)
+        with warm_start_bar(name, settings.epochs) as on_epoch:
+            losses = warm_start(agent, problems, settings, on_epoch=on_epoch)
         log.info(
             "warm start of %s on %d problems: loss %.3f -> %.3f",
             name,
@@ -95,6 +100,9 @@ def build_run(cfg: DictConfig) -> tuple[Any, TreeSearchDataModule, pl.Trainer, A
 
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit the team; returns the last logged metrics."""
+    one_line_per_message()
+    validate_train_config(cfg)  # before any model loads
+    cfg.ckpt_path = resolve_checkpoint(cfg)  # resume=true: the run folder's newest checkpoint
     module, datamodule, trainer, sandbox = build_run(cfg)
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,7 +30,8 @@ def answer_text(problem: Problem) -> str:
 
 
 def warm_start(agent: AgentModule, problems: Sequence[Problem], config: WarmStartConfig | None = None,
-               prompts: PromptBuilder | None = None) -> list[float]:  # fmt: skip
+               prompts: PromptBuilder | None = None,
+               on_epoch: Callable[[float], None] | None = None) -> list[float]:  # fmt: skip
     """Fine-tune `agent.policy` in place on (prompt, reference answer) pairs; returns epoch losses."""
     config = config or WarmStartConfig()
     prompts = prompts or PromptBuilder()
@@ -73,4 +74,6 @@ def warm_start(agent: AgentModule, problems: Sequence[Problem], config: WarmStar
             total += float(out.loss.detach()) * len(batch)
             count += len(batch)
         losses.append(total / count)
+        if on_epoch is not None:  # progress display
+            on_epoch(losses[-1])
     return losses

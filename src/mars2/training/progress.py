@@ -1,0 +1,56 @@
+"""Progress a user can read: a training bar with a total and an ETA, a warm-start bar."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import TQDMProgressBar
+from tqdm.auto import tqdm
+
+
+@contextlib.contextmanager
+def warm_start_bar(agent: str, epochs: int) -> Iterator[Callable[[float], None]]:
+    """A bar over one agent's warm-start epochs; yields the per-epoch callback (takes the loss)."""
+    with tqdm(total=epochs, desc=f"warm start {agent}", unit="epoch", dynamic_ncols=True) as bar:
+
+        def on_epoch(loss: float) -> None:
+            bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+            bar.update(1)
+
+        yield on_epoch
+
+
+class StepProgressBar(TQDMProgressBar):
+    """The training bar counts team steps out of `trainer.max_steps`, so it shows a total and an
+    ETA (the rollout stream has no length, which left Lightning's bar at `17/?`)."""
+
+    @property
+    def total_train_batches(self) -> int | float:
+        max_steps = self.trainer.max_steps
+        return max_steps if max_steps and max_steps > 0 else super().total_train_batches
+
+    def _done(self, trainer: pl.Trainer) -> int:
+        datamodule = getattr(trainer, "datamodule", None)
+        return int(getattr(datamodule, "next_step", 0) or 0)
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        super().on_train_epoch_start(trainer, *args)
+        done = self._done(trainer)
+        if done:  # resumed: start the bar (and its ETA) at the steps already done
+            bar = self.train_progress_bar
+            bar.initial = done
+            bar.n = done
+            bar.last_print_n = done
+            bar.refresh()
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+        batch_idx: int,
+    ) -> None:  # fmt: skip
+        bar = self.train_progress_bar
+        bar.n = self._done(trainer)
+        bar.set_postfix(self.get_metrics(trainer, pl_module))
+        bar.refresh()
