@@ -26,6 +26,7 @@ from mars2.models.loading import ModelSpec
 from mars2.models.tiny import make_tiny_models
 from mars2.rewards.routing import Sample
 from mars2.search.prompts import PromptBuilder
+from mars2.search.tree import Node
 from mars2.training.agent_module import AgentModule, GenerationConfig, OptimConfig, optimise_agent
 from mars2.training.batching import micro_batches
 from mars2.training.losses import LossConfig
@@ -66,8 +67,8 @@ def ours(model_dir: Path, args: argparse.Namespace) -> list[float]:
             rewards.std(1, keepdims=True) + 1e-4
         )
         samples = [
-            Sample("tiny_qwen3", i // args.group, i, [], c.text, c.prompt_token_ids, c.token_ids, c.logprobs,
-                   0.0, 0.0, float(advantages.flat[i]), c.truncated)
+            Sample(Node(i, 0, 1, "tiny_qwen3", completion=c), i // args.group, 0.0,
+                   float(advantages.flat[i]))
             for i, c in enumerate(completions)
         ]  # fmt: skip
         batches = micro_batches(samples, agent.micro_batch_size, agent.tokenizer.pad_token_id)

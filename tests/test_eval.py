@@ -29,12 +29,27 @@ from mars2.eval.runner import (
 )
 from mars2.eval.tree_view import plot_training_overview, render_tree_html, write_tree_pages
 from mars2.generation.oracle import OracleGenerator, reference_solution
-from mars2.sandbox.grader import Grader
+from mars2.sandbox.base import Verdict
+from mars2.sandbox.grader import Grade, Grader, TestFeedback
 from mars2.search.runner import SearchConfig
 from mars2.search.simulated import SimulatedAgent, SimulatedGrader, simulated_problems
 from mars2.search.tree import SearchTree
 
 REPO = Path(__file__).resolve().parents[1]
+PASS, FAIL = Verdict.PASSED, Verdict.WRONG_ANSWER
+
+
+def _feedback(verdict: Verdict) -> TestFeedback:
+    return TestFeedback(verdict, "", "", "", "")
+
+
+def _grade(public: list[Verdict], private: list[Verdict]) -> Grade:
+    """A grade with these public and private test verdicts."""
+    return Grade(
+        code="pass",
+        public=[_feedback(v) for v in public],
+        private=[_feedback(v) for v in private],
+    )
 
 
 def brute_force_pass_at_k(n: int, c: int, k: int) -> float:
@@ -125,9 +140,9 @@ def test_interrupted_eval_resumes_without_regrading(sandbox, tmp_path: Path) -> 
 
 def test_mcts_answer_is_best_public_latest_on_ties() -> None:
     tree = SearchTree.new(simulated_problems(1)[0])
-    tree.add(0, agent="a", public_pass_rate=0.5, private_passed=False)
-    tree.add(0, agent="a", public_pass_rate=1.0, private_passed=False)
-    tree.add(1, agent="b", public_pass_rate=1.0, private_passed=True)
+    tree.add(0, agent="a", grade=_grade(public=[PASS, FAIL], private=[FAIL]))  # 0.5, failed
+    tree.add(0, agent="a", grade=_grade(public=[PASS, PASS], private=[FAIL]))  # 1.0, failed
+    tree.add(1, agent="b", grade=_grade(public=[PASS, PASS], private=[PASS]))  # 1.0, passed
     chosen = best_public_node(tree)
     assert chosen is not None and chosen.id == 3
 
@@ -150,12 +165,14 @@ def test_tree_eval_metrics_on_the_simulator(tmp_path: Path) -> None:
 def _small_tree() -> SearchTree:
     problem = toy_problems()[0]
     tree = SearchTree.new(problem)
-    tree.add(0, agent="tiny_qwen3", reward=0.0, code="print(0)\n", messages=[{"role": "user", "content": problem.statement}],
-             feedback=[{"verdict": "wrong_answer", "input": "1 2", "expected": "3", "actual": "0", "error": ""}])  # fmt: skip
+    failing = TestFeedback(Verdict.WRONG_ANSWER, "1 2", "3", "0", "")
+    tree.add(0, agent="tiny_qwen3", reward=0.0, messages=[{"role": "user", "content": problem.statement}],
+             grade=Grade(code="print(0)\n", public=[failing]))  # fmt: skip
     tree.add(
-        1, agent="tiny_llama", reward=1.0, code=reference_solution(problem), private_passed=True
-    )
-    tree.add(0, agent="tiny_llama", reward=0.0, code=None)
+        1, agent="tiny_llama", reward=1.0,
+        grade=Grade(code=reference_solution(problem), private=[_feedback(PASS)], reward=1.0),
+    )  # fmt: skip
+    tree.add(0, agent="tiny_llama", reward=0.0, grade=Grade(code=None))
     return tree
 
 

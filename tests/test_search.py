@@ -9,6 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mars2.sandbox.base import Verdict
+from mars2.sandbox.grader import Grade, TestFeedback
 from mars2.search.policy import AgentStatistics, PolicyConfig, ThompsonPolicy, TreeStats
 from mars2.search.posterior import Prior, RewardStats, beta_params, nig_params, thompson_draw
 from mars2.search.prompts import PromptBuilder
@@ -120,10 +122,9 @@ def test_refinement_prompt_shows_public_failures_only() -> None:
     node = tree.add(
         0,
         agent="a",
-        code="print(0)\n",
-        feedback=[
-            {"verdict": "wrong_answer", "input": "0", "expected": "1", "actual": "0", "error": ""}
-        ],
+        grade=Grade(
+            code="print(0)\n", public=[TestFeedback(Verdict.WRONG_ANSWER, "0", "1", "0", "")]
+        ),
     )
     text = PromptBuilder().messages_for(problem, node)[-1]["content"]
     assert "print(0)" in text and "Expected:\n1" in text and "Got (wrong_answer):\n0" in text

@@ -6,8 +6,10 @@ import html
 import json
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 
+from mars2.sandbox.base import Verdict
 from mars2.search.tree import SearchTree
 
 _PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#ff9da7", "#9c755f"]
@@ -85,7 +87,11 @@ def render_tree_html(tree: SearchTree, title: str | None = None) -> str:
             "private_passed": n.private_passed,
             "prompt": "\n\n".join(f"[{m['role']}]\n{m['content']}" for m in n.messages),
             "code": n.code or "(no code block)",
-            "failing": [f for f in n.feedback if f.get("verdict") != "passed"],
+            "failing": [
+                {**asdict(f), "verdict": f.verdict.value}
+                for f in n.grade.public
+                if f.verdict is not Verdict.PASSED
+            ],
         }
         for n in tree.answers()
     }

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from mars2.rewards.advantages import GroupBy, group_advantages, is_degenerate
 from mars2.rewards.shaping import shape_rewards
-from mars2.search.tree import SearchTree
+from mars2.search.tree import Node, SearchTree
 
 
 @dataclass(frozen=True)
@@ -24,20 +24,25 @@ class AdvantageConfig:
 
 @dataclass(frozen=True)
 class Sample:
-    """One node as a training example for the agent that generated it."""
+    """One node as a training example for the agent that generated it.
 
-    agent: str
+    The node holds the completion (tokens, sampling log-probs) and the grade; the sample adds
+    where the node sits in the step's batch and its shaped reward and advantage.
+    """
+
+    node: Node
     tree_index: int
-    node_id: int
-    messages: list[dict[str, str]]
-    completion: str
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    logprobs: list[float] | None
-    reward: float
     shaped_reward: float
     advantage: float
-    truncated: bool
+
+    @property
+    def agent(self) -> str:
+        assert self.node.agent is not None, "the root is never a sample"
+        return self.node.agent
+
+    @property
+    def node_id(self) -> int:
+        return self.node.id
 
 
 def tree_samples(tree: SearchTree, tree_index: int, config: AdvantageConfig) -> list[Sample]:
@@ -46,26 +51,9 @@ def tree_samples(tree: SearchTree, tree_index: int, config: AdvantageConfig) -> 
         return []
     shaped = shape_rewards(tree, config.gamma, config.lam)
     advantages = group_advantages(tree, shaped, config.scale_std, config.group_by, config.eps)
-    samples = []
-    for node in tree.answers():
-        assert node.agent is not None
-        samples.append(
-            Sample(
-                agent=node.agent,
-                tree_index=tree_index,
-                node_id=node.id,
-                messages=node.messages,
-                completion=node.completion,
-                prompt_token_ids=node.prompt_token_ids,
-                token_ids=node.token_ids,
-                logprobs=node.logprobs,
-                reward=node.reward,
-                shaped_reward=shaped[node.id],
-                advantage=advantages[node.id],
-                truncated=node.truncated,
-            )
-        )
-    return samples
+    return [
+        Sample(node, tree_index, shaped[node.id], advantages[node.id]) for node in tree.answers()
+    ]
 
 
 def route_samples(

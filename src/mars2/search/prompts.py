@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from mars2.data.problem import Problem, TestKind
 from mars2.generation.base import Messages
+from mars2.sandbox.base import Verdict
 from mars2.search.tree import Node
 
 DEFAULT_SYSTEM = (
@@ -57,16 +58,16 @@ class PromptBuilder:
         """What went wrong with `node`, from its public tests only (private tests never leak)."""
         if node.code is None:
             return "It contained no ```python code block that parses."
-        failures = [f for f in node.feedback if f["verdict"] != "passed"]
+        failures = [f for f in node.grade.public if f.verdict is not Verdict.PASSED]
         if not failures:
             return "It passed the visible tests but failed hidden tests; look for edge cases."
         parts = []
         for item in failures[: self.max_failures_shown]:
-            text = f"Input:\n{item['input']}\nExpected:\n{item['expected']}\n"
-            if item.get("error"):
-                text += f"Error ({item['verdict']}):\n{item['error']}\n"
+            text = f"Input:\n{item.input}\nExpected:\n{item.expected}\n"
+            if item.error:
+                text += f"Error ({item.verdict.value}):\n{item.error}\n"
             else:
-                text += f"Got ({item['verdict']}):\n{item['actual']}\n"
+                text += f"Got ({item.verdict.value}):\n{item.actual}\n"
             parts.append(text)
         more = len(failures) - self.max_failures_shown
         tail = f"\n(and {more} more failing tests)" if more > 0 else ""
@@ -76,7 +77,8 @@ class PromptBuilder:
         """Ask for a corrected solution given `parent`'s code and its execution feedback."""
         fields = self._fields(problem)
         fields.update(
-            code=(parent.code or parent.completion).strip(), feedback=self.feedback_text(parent)
+            code=(parent.code or parent.completion.text).strip(),
+            feedback=self.feedback_text(parent),
         )
         return self._chat(self.refine.format(**fields))
 

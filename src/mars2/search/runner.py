@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -152,7 +152,7 @@ class TreeSearch:
         step: int | None,
     ) -> None:
         began = time.perf_counter()
-        completions: list = [None] * len(batch)
+        completions: list[Any] = [None] * len(batch)
         for agent, generator in generators.items():
             slots = [i for i, e in enumerate(batch) if e.agent == agent]
             if not slots:
@@ -179,27 +179,10 @@ class TreeSearch:
                 tree_stats.remove_pending(tree, expansion.parent, expansion.agent)
             node = tree.add(
                 expansion.parent,
-                agent=expansion.agent,
+                expansion.agent,
+                completion=completion,
+                grade=grade,
                 messages=expansion.messages,
-                completion=completion.text,
-                prompt_token_ids=completion.prompt_token_ids,
-                token_ids=completion.token_ids,
-                logprobs=completion.logprobs,
-                truncated=completion.truncated,
-                code=grade.code,
-                feedback=[
-                    {
-                        "verdict": f.verdict.value,
-                        "input": f.input,
-                        "expected": f.expected,
-                        "actual": f.actual,
-                        "error": f.error,
-                    }
-                    for f in grade.public
-                ],
-                private_passed=grade.private_passed,
-                public_pass_rate=grade.public_pass_rate,
-                reward=grade.reward,
                 step=step,
             )
             tree_stats.observe(tree, node.id)

@@ -1,4 +1,4 @@
-"""One search tree per problem: the root is the problem, every other node one agent's answer."""
+"""One search tree per problem: the root is the problem, every other node one agent's graded answer."""
 
 from __future__ import annotations
 
@@ -9,35 +9,74 @@ from pathlib import Path
 from typing import Any
 
 from mars2.data.problem import Problem
+from mars2.generation.base import Completion, Messages
+from mars2.sandbox.base import Verdict
+from mars2.sandbox.grader import Grade, TestFeedback
 
 ROOT_ID = 0
 
 
+def _no_answer() -> Completion:
+    return Completion(text="")
+
+
+def _ungraded() -> Grade:
+    return Grade(code=None)
+
+
 @dataclass
 class Node:
-    """An agent's full answer (or the root, which has no agent and no reward)."""
+    """An agent's answer: the sampled completion and its grade (the root has neither).
+
+    `reward` starts as the grade's reward; the rollout may lower it (overlong penalty).
+    """
 
     id: int
     parent: int | None
     depth: int
     agent: str | None = None
-    messages: list[dict[str, str]] = field(default_factory=list)
-    completion: str = ""
-    prompt_token_ids: list[int] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] | None = None
-    code: str | None = None
-    feedback: list[dict[str, str]] = field(default_factory=list)
-    private_passed: bool = False
-    public_pass_rate: float = 0.0
+    messages: Messages = field(default_factory=list)
+    completion: Completion = field(default_factory=_no_answer)
+    grade: Grade = field(default_factory=_ungraded)
     reward: float = 0.0
-    truncated: bool = False
     children: list[int] = field(default_factory=list)
     step: int | None = None  # training step that produced it, when known
 
     @property
     def is_root(self) -> bool:
         return self.parent is None
+
+    @property
+    def code(self) -> str | None:
+        """The code extracted from the answer (None: no parsable code block)."""
+        return self.grade.code
+
+    @property
+    def private_passed(self) -> bool:
+        return self.grade.private_passed
+
+    @property
+    def public_pass_rate(self) -> float:
+        return self.grade.public_pass_rate
+
+    @property
+    def truncated(self) -> bool:
+        return self.completion.truncated
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Node:
+        fields = dict(data)
+        fields["completion"] = Completion(**fields["completion"])
+        grade = dict(fields["grade"])
+        for part in ("public", "private"):
+            grade[part] = [
+                TestFeedback(**{**f, "verdict": Verdict(f["verdict"])}) for f in grade[part]
+            ]
+        fields["grade"] = Grade(**grade)
+        return cls(**fields)
 
 
 @dataclass
@@ -63,10 +102,33 @@ class SearchTree:
         """Every non-root node in creation order."""
         return iter(self.nodes[1:])
 
-    def add(self, parent: int, **fields: Any) -> Node:
-        """Append a child of `parent`; its id is the creation index."""
+    def add(
+        self,
+        parent: int,
+        agent: str,
+        completion: Completion | None = None,
+        grade: Grade | None = None,
+        messages: Messages | None = None,
+        reward: float | None = None,
+        step: int | None = None,
+    ) -> Node:
+        """Append `agent`'s answer as a child of `parent`; its id is the creation index.
+
+        The reward defaults to the grade's.
+        """
         parent_node = self.nodes[parent]
-        node = Node(id=len(self.nodes), parent=parent, depth=parent_node.depth + 1, **fields)
+        grade = grade or _ungraded()
+        node = Node(
+            id=len(self.nodes),
+            parent=parent,
+            depth=parent_node.depth + 1,
+            agent=agent,
+            messages=messages or [],
+            completion=completion or _no_answer(),
+            grade=grade,
+            reward=grade.reward if reward is None else reward,
+            step=step,
+        )
         self.nodes.append(node)
         parent_node.children.append(node.id)
         return node
@@ -92,12 +154,13 @@ class SearchTree:
     # -- serialisation ----------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        return {"problem": self.problem.to_dict(), "nodes": [asdict(n) for n in self.nodes]}
+        return {"problem": self.problem.to_dict(), "nodes": [n.to_dict() for n in self.nodes]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SearchTree:
         return cls(
-            problem=Problem.from_dict(data["problem"]), nodes=[Node(**n) for n in data["nodes"]]
+            problem=Problem.from_dict(data["problem"]),
+            nodes=[Node.from_dict(n) for n in data["nodes"]],
         )
 
     def to_json(self) -> str:

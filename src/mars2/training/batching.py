@@ -9,6 +9,10 @@ import torch
 from mars2.rewards.routing import Sample
 
 
+def _length(sample: Sample) -> int:
+    return len(sample.node.completion.prompt_token_ids) + len(sample.node.completion.token_ids)
+
+
 def collate(samples: Sequence[Sample], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-padded prompt+completion ids with a mask over completion targets.
 
@@ -18,7 +22,7 @@ def collate(samples: Sequence[Sample], pad_id: int) -> dict[str, torch.Tensor]:
     """
     if not samples:
         raise ValueError("cannot collate an empty micro-batch")
-    lengths = [len(s.prompt_token_ids) + len(s.token_ids) for s in samples]
+    lengths = [_length(s) for s in samples]
     width = max(lengths)
     batch = len(samples)
     input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
@@ -27,27 +31,28 @@ def collate(samples: Sequence[Sample], pad_id: int) -> dict[str, torch.Tensor]:
     rollout = torch.zeros((batch, width - 1), dtype=torch.float32)
     has_rollout = torch.zeros(batch, dtype=torch.bool)
     for row, sample in enumerate(samples):
-        if not sample.token_ids:
+        answer = sample.node.completion
+        if not answer.token_ids:
             raise ValueError(f"sample of node {sample.node_id} has no completion token ids")
-        prompt, completion = sample.prompt_token_ids, sample.token_ids
+        prompt, completion = answer.prompt_token_ids, answer.token_ids
         ids = [*prompt, *completion]
         input_ids[row, : len(ids)] = torch.tensor(ids)
         attention[row, : len(ids)] = 1
         first = len(prompt) - 1  # logits at position p predict token p + 1
         completion_mask[row, first : first + len(completion)] = 1.0
-        if sample.logprobs is not None:
-            if len(sample.logprobs) != len(completion):
+        if answer.logprobs is not None:
+            if len(answer.logprobs) != len(completion):
                 raise ValueError(
-                    f"node {sample.node_id}: {len(sample.logprobs)} log-probs for {len(completion)} tokens"
+                    f"node {sample.node_id}: {len(answer.logprobs)} log-probs for {len(completion)} tokens"
                 )
-            rollout[row, first : first + len(completion)] = torch.tensor(sample.logprobs)
+            rollout[row, first : first + len(completion)] = torch.tensor(answer.logprobs)
             has_rollout[row] = True
     return {
         "input_ids": input_ids,
         "attention_mask": attention,
         "completion_mask": completion_mask,
         "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32),
-        "truncated": torch.tensor([s.truncated for s in samples], dtype=torch.bool),
+        "truncated": torch.tensor([s.node.truncated for s in samples], dtype=torch.bool),
         "rollout_logprobs": rollout,
         "has_rollout_logprobs": has_rollout,
     }
@@ -59,7 +64,5 @@ def micro_batches(
     """Split into micro-batches of at most `size` samples, longest first to keep padding low."""
     if size < 1:
         raise ValueError("micro-batch size must be >= 1")
-    ordered = sorted(
-        samples, key=lambda s: len(s.prompt_token_ids) + len(s.token_ids), reverse=True
-    )
+    ordered = sorted(samples, key=_length, reverse=True)
     return [collate(ordered[i : i + size], pad_id) for i in range(0, len(ordered), size)]

@@ -119,7 +119,7 @@ class RolloutEngine:
             "search_bookkeeping_seconds": self.search.timings.bookkeeping,
             "trained_samples": float(sum(len(v) for v in samples.values())),
         }
-        tokens = sum(len(n.token_ids) for n in nodes)
+        tokens = sum(len(n.completion.token_ids) for n in nodes)
         metrics["generated_tokens_per_second"] = tokens / max(self.search.timings.generation, 1e-9)
         for name in samples:
             mine = [n for n in nodes if n.agent == name]

@@ -21,9 +21,9 @@ from mars2.builders import (
 )
 from mars2.training.agent_module import AgentModule
 from mars2.training.datamodule import TreeSearchDataModule
+from mars2.training.progress import warm_start_bar
 from mars2.training.rollout import RolloutEngine
 from mars2.training.team_module import MultiAgentModule
-from mars2.training.progress import warm_start_bar
 from mars2.training.warm_start import WarmStartConfig, warm_start
 from mars2.utils.logs import one_line_per_message
 from mars2.utils.runs import resolve_checkpoint
