@@ -10,14 +10,7 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from mars2.builders import (
-    build_agents,
-    build_grader,
-    build_logger,
-    build_problems,
-    build_sandbox,
-    flat_params,
-)
+from mars2 import builders
 from mars2.eval.report import log_to_mlflow, table, write_reports
 from mars2.eval.runner import Summary, evaluate_settings
 from mars2.eval.tree_view import write_tree_pages
@@ -34,7 +27,7 @@ log = logging.getLogger(__name__)
 
 def load_team(cfg: DictConfig) -> MultiAgentModule:
     """The configured agents, with trained weights from `ckpt_path` when given."""
-    team = MultiAgentModule(build_agents(cfg))
+    team = MultiAgentModule(builders.build_agents(cfg))
     if cfg.get("ckpt_path"):
         state = torch.load(cfg.ckpt_path, map_location="cpu", weights_only=False)["state_dict"]
         missing, unexpected = team.load_state_dict(state, strict=False)
@@ -77,9 +70,7 @@ def run_evaluation(
     chunk: int | None = 32,
 ) -> list[Summary]:
     """Every agent alone (Pass@k, single-agent tree) and the whole team (shared tree)."""
-    return evaluate_settings(
-        problems, generators, grader, search_config, samples, out, seed, chunk
-    )
+    return evaluate_settings(problems, generators, grader, search_config, samples, out, seed, chunk)
 
 
 def evaluate(cfg: DictConfig) -> list[Summary]:
@@ -88,10 +79,10 @@ def evaluate(cfg: DictConfig) -> list[Summary]:
     one_line_per_message()
     validate_eval_config(cfg)
     out = Path(cfg.paths.output_dir)
-    problems = build_problems(cfg, "eval", cfg.eval.limit)
-    logger = build_logger(cfg)
+    problems = builders.build_problems(cfg, "eval", cfg.eval.limit)
+    logger = builders.build_logger(cfg)
     if logger:
-        logger.log_hyperparams(flat_params(cfg))
+        logger.log_hyperparams(builders.flat_params(cfg))
     with tracked(logger):
         summaries = _evaluate(cfg, problems, out)
         print(table(summaries))
@@ -117,9 +108,9 @@ def _evaluate(cfg: DictConfig, problems: list[Any], out: Path) -> list[Summary]:
         expansions_per_round=base.expansions_per_round,
         policy=base.policy,
     )
-    sandbox = build_sandbox(cfg)
+    sandbox = builders.build_sandbox(cfg)
     try:
-        grader = build_grader(cfg, sandbox)
+        grader = builders.build_grader(cfg, sandbox)
         return run_evaluation(
             problems, generators, grader, search_config, cfg.eval.samples, out, cfg.seed,
             cfg.eval.get("chunk"),
