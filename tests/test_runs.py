@@ -124,6 +124,7 @@ def _mlflow_runs(logs: Path) -> list[Any]:
     return client, client.search_runs([experiment.experiment_id])
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_into_the_same_folder_and_mlflow_run(
     tmp_path: Path, tiny_models_dir: Path
 ) -> None:
@@ -176,7 +177,7 @@ def test_killed_run_resumes_into_the_same_folder_and_mlflow_run(
     running = client.get_metric_history(run.info.run_id, f"{key}_running")
     final = max(running, key=lambda p: p.step).value
     assert final == pytest.approx(sum(values) / len(values), rel=1e-5)
-    assert "/4" in second.stderr  # the bar knows the total
+    assert "/4 [" in second.stdout + second.stderr  # the bar knows the total
 
 
 def test_run_folder_choice(tmp_path: Path) -> None:

@@ -48,7 +48,9 @@ class MultiAgentCallback(pl.Callback):
         return float(metric.compute())
 
     def state_dict(self) -> dict[str, Any]:  # in checkpoints: running means survive a resume
-        return {"running": {k: (float(m.mean_value), float(m.weight)) for k, m in self._running.items()}}
+        return {
+            "running": {k: (float(m.mean_value), float(m.weight)) for k, m in self._running.items()}
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         for key, (total, weight) in state_dict.get("running", {}).items():

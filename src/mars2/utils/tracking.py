@@ -73,7 +73,7 @@ class RunTracker(MLFlowLogger):
         self._params: dict[str, str] = {}
         self._started = False
 
-    @property  # type: ignore[override]
+    @property
     def experiment(self) -> Any:
         client = MLFlowLogger.experiment.fget(self)  # type: ignore[attr-defined]
         if self._initialized and not self._started:

@@ -34,12 +34,8 @@ def _loader(node: Any) -> str:
 
 
 def _describe(part: str, node: DictConfig) -> str:
-    filters = {
-        k: v
-        for k, v in OmegaConf.to_container(node, resolve=True).items()  # type: ignore[union-attr]
-        if k != "_target_" and v is not None
-    }
-    shown = ", ".join(f"{k}={v}" for k, v in filters.items())
+    spec: Any = OmegaConf.to_container(node, resolve=True)
+    shown = ", ".join(f"{k}={v}" for k, v in spec.items() if k != "_target_" and v is not None)
     return f"data.{part} ({_loader(node)}{': ' + shown if shown else ''})"
 
 
