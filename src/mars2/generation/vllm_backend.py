@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from mars2.generation.base import Completion, Messages
+from mars2.generation.prompt_ids import encode_prompt as _encode_prompt
 
 
 def _engine_model(llm: Any) -> Any:
@@ -170,14 +171,6 @@ class SharedBaseLoRAGenerator:
         )
         self._next_id += 1
         self.weights_version += 1
-
-
-def _encode_prompt(tokenizer: Any, chat: Messages, max_prompt_tokens: int | None) -> list[int]:
-    ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
-    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-    if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
-        ids = ids[-max_prompt_tokens:]  # keep the end: the instructions and the question
-    return ids
 
 
 def _completion(prompt: list[int], sample: Any) -> Completion:

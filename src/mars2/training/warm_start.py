@@ -10,6 +10,7 @@ import torch
 
 from mars2.data.problem import Problem
 from mars2.generation.oracle import reference_solution
+from mars2.generation.prompt_ids import encode_prompt
 from mars2.search.prompts import PromptBuilder
 from mars2.training.agent_module import AgentModule
 
@@ -38,7 +39,11 @@ def warm_start(agent: AgentModule, problems: Sequence[Problem], config: WarmStar
     tokenizer, policy = agent.tokenizer, agent.policy
     examples = []
     for problem in problems:
-        prompt_ids = agent.generator.encode_prompt(prompts.fresh_messages(problem))
+        # Encoded directly: building the agent's generator here would start an engine (vLLM)
+        # before the weights it should serve are trained.
+        prompt_ids = encode_prompt(
+            tokenizer, prompts.fresh_messages(problem), agent.generation_config.max_prompt_tokens
+        )
         answer_ids = [
             *tokenizer.encode(answer_text(problem), add_special_tokens=False),
             tokenizer.eos_token_id,
