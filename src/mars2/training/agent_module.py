@@ -10,6 +10,7 @@ import lightning.pytorch as pl
 import torch
 
 from mars2.generation.transformers_backend import TransformersGenerator
+from mars2.models.export import export_pretrained
 from mars2.models.loading import ModelSpec, frozen_copy, load_policy, load_tokenizer
 from mars2.training.losses import LossConfig, policy_loss, token_entropy, token_logprobs
 from mars2.training.members import next_batch
@@ -222,8 +223,7 @@ class AgentModule(pl.LightningModule):
 
     def save_pretrained(self, path: str) -> None:
         """Write the policy and tokenizer in Hugging Face format (loadable with Auto* classes)."""
-        self.policy.save_pretrained(path)
-        self.tokenizer.save_pretrained(path)
+        export_pretrained(self.policy, self.tokenizer, path)
 
 
 def optimise_agent(
