@@ -11,6 +11,7 @@ from pathlib import Path
 
 from mars2.sandbox.base import Verdict
 from mars2.search.tree import SearchTree
+from mars2.utils.atomic import atomic_open, atomic_write_text
 
 _PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#ff9da7", "#9c755f"]
 
@@ -139,7 +140,7 @@ def write_tree_pages(trees: Sequence[SearchTree], directory: str | Path) -> list
     for index, tree in enumerate(trees):
         safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in tree.problem.id)
         path = out / f"{index:04d}_{safe}.html"
-        path.write_text(render_tree_html(tree), encoding="utf-8")
+        atomic_write_text(path, render_tree_html(tree))
         paths.append(path)
     return paths
 
@@ -174,7 +175,7 @@ def plot_training_overview(
     left.legend()
     fig.tight_layout()
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
+    with atomic_open(out, "wb") as handle:
+        fig.savefig(handle, dpi=100, format="png")
     plt.close(fig)
     return out

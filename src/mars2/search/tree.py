@@ -12,6 +12,7 @@ from mars2.data.problem import Problem
 from mars2.generation.base import Completion, Messages
 from mars2.sandbox.base import Verdict
 from mars2.sandbox.grader import Grade, TestFeedback
+from mars2.utils.atomic import atomic_open
 
 ROOT_ID = 0
 
@@ -172,9 +173,8 @@ class SearchTree:
 
 
 def save_trees(trees: list[SearchTree], path: str | Path) -> None:
-    """Write trees as jsonl (one tree a line)."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as handle:
+    """Write trees as jsonl (one tree a line), atomically: readers never see a torn file."""
+    with atomic_open(path, "w", encoding="utf-8") as handle:
         for tree in trees:
             handle.write(tree.to_json() + "\n")
 
