@@ -91,3 +91,47 @@ def test_module_entry_points_match_the_scripts(tmp_path: Path) -> None:
     )
     assert checkout.returncode == 0, checkout.stderr
     assert "experiment_name: tiny_pair" in checkout.stdout
+
+
+@pytest.mark.slow
+def test_scripts_from_a_regular_wheel_install(tmp_path: Path) -> None:
+    """Build the wheel from a copy of the checkout, install it apart from the checkout and run the
+    installed scripts with the checkout out of reach (its configs can only come from the wheel)."""
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    for name in ("src", "configs"):
+        shutil.copytree(
+            REPO / name,
+            source / name,
+            symlinks=True,
+            ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"),
+        )
+    dist, site = tmp_path / "dist", tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "-q"]
+    built = _run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), "."], source)
+    assert built.returncode == 0, built.stderr
+    wheel = next(dist.glob("mars2-*.whl"))
+    installed = _run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], tmp_path)
+    assert installed.returncode == 0, installed.stderr
+    shutil.rmtree(source)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(site)}
+    env.pop("MARS2_ROOT", None)
+    where = subprocess.run(
+        [sys.executable, "-c", "import mars2.configs; print(mars2.configs.__file__)"],
+        capture_output=True, text=True, env=env, cwd=elsewhere,
+    )  # fmt: skip
+    assert where.stdout.startswith(str(site)), where.stdout + where.stderr
+    for script, args, expected in (
+        ("mars2-train", ["--cfg", "job", "experiment=tiny_pair"], "experiment_name: tiny_pair"),
+        ("mars2-eval", ["--help"], "eval is powered by Hydra"),
+    ):
+        result = subprocess.run(
+            [str(site / "bin" / script), *args],
+            capture_output=True, text=True, env=env, cwd=elsewhere, timeout=180,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert expected in result.stdout
