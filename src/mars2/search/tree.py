@@ -107,6 +107,7 @@ class SearchTree:
         self,
         parent: int,
         agent: str,
+        *,
         completion: Completion | None = None,
         grade: Grade | None = None,
         messages: Messages | None = None,
