@@ -69,7 +69,7 @@ class Node:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Node:
-        fields = dict(data)
+        fields = _from_flat(data) if isinstance(data.get("completion"), str) else dict(data)
         fields["completion"] = Completion(**fields["completion"])
         grade = dict(fields["grade"])
         for part in ("public", "private"):
@@ -78,6 +78,34 @@ class Node:
             ]
         fields["grade"] = Grade(**grade)
         return cls(**fields)
+
+
+def _from_flat(data: dict[str, Any]) -> dict[str, Any]:
+    """A node as trees were saved before nodes held their completion and grade.
+
+    Those files kept public feedback but no private one: the private part becomes a single
+    verdict that says whether the private tests passed.
+    """
+    keep = ("id", "parent", "depth", "agent", "messages", "reward", "children", "step")
+    fields = {key: data[key] for key in keep if key in data}
+    fields["completion"] = {
+        "text": data["completion"],
+        "prompt_token_ids": data.get("prompt_token_ids", []),
+        "token_ids": data.get("token_ids", []),
+        "logprobs": data.get("logprobs"),
+        "truncated": data.get("truncated", False),
+    }
+    passed = Verdict.PASSED if data.get("private_passed") else Verdict.WRONG_ANSWER
+    has_code = data.get("code") is not None
+    fields["grade"] = {
+        "code": data.get("code"),
+        "public": [{**f, "error": f.get("error") or ""} for f in data.get("feedback", [])],
+        "private": [{"verdict": passed, "input": "", "expected": "", "actual": "", "error": ""}]
+        if has_code
+        else [],
+        "reward": data.get("reward", 0.0),
+    }
+    return fields
 
 
 @dataclass
