@@ -308,3 +308,84 @@ def test_read_only_run_folder_is_refused(tmp_path: Path) -> None:
             choose_run_dir("train", str(run / "checkpoints" / "last.ckpt"), False, "x", "y")
     finally:
         run.chmod(0o755)
+
+
+def test_unwritable_hydra_run_dir_stops_with_one_line(tmp_path: Path, capsys) -> None:
+    from omegaconf import OmegaConf
+
+    from mars2.utils.runs import RunFolderCheck
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    config = OmegaConf.create({"hydra": {"run": {"dir": str(blocker / "run")}}})
+    with pytest.raises(SystemExit):
+        RunFolderCheck().on_run_start(config)
+    message = capsys.readouterr().err
+    assert str(blocker / "run") in message and "hydra.run.dir" in message
+    RunFolderCheck().on_run_start(
+        OmegaConf.create({"hydra": {"run": {"dir": str(tmp_path / "ok")}}})
+    )
+    assert (tmp_path / "ok").is_dir() and not list((tmp_path / "ok").iterdir())
+
+
+# --- MLflow run status ----------------------------------------------------------------------------
+
+
+def _tracker(tmp_path: Path, run_dir: Path) -> Any:
+    from mars2.utils.tracking import RunTracker
+
+    return RunTracker(
+        experiment_name="status", tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
+        artifact_location=str(tmp_path / "artifacts"), run_dir=str(run_dir),
+    )  # fmt: skip
+
+
+def test_tracker_statuses_and_continuation(tmp_path: Path) -> None:
+    from mars2.utils.tracking import tracked
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    first = _tracker(tmp_path, run_dir)
+    first.log_hyperparams({"seed": 1})
+    first.log_metrics({"team+tree/pass@1(mcts)": 0.5}, step=0)
+    with pytest.raises(ValueError), tracked(first):
+        raise ValueError("boom")
+    client = first.experiment
+    assert client.get_run(first.run_id).info.status == "FAILED"
+    assert "team_tree/pass_at_1_mcts" in client.get_run(first.run_id).data.metrics
+
+    again = _tracker(tmp_path, run_dir)  # same run folder: same MLflow run
+    again.log_hyperparams({"seed": 2, "limit": 3})  # a changed param becomes a tag, no error
+    again.log_metrics({"team+tree/pass@1(mcts)": 0.9, "other": 1.0}, step=0)
+    with pytest.raises(KeyboardInterrupt), tracked(again):
+        raise KeyboardInterrupt
+    run = client.get_run(first.run_id)
+    assert again.run_id == first.run_id and run.info.status == "KILLED"
+    assert run.data.tags["mars2.resumes"] == "1" and run.data.tags["mars2.resumed.seed"] == "2"
+    history = client.get_metric_history(first.run_id, "team_tree/pass_at_1_mcts")
+    assert [p.value for p in history] == [0.5]  # step 0 once
+    assert run.data.params == {"seed": "1", "limit": "3"}
+
+    third = _tracker(tmp_path, run_dir)
+    with tracked(third):
+        third.log_metrics({"other": 2.0}, step=1)
+    assert client.get_run(first.run_id).info.status == "FINISHED"
+
+
+def test_runs_of_dead_processes_are_marked_killed(tmp_path: Path) -> None:
+    from mars2.utils.tracking import mark_stale_runs
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    tracker = _tracker(tmp_path, tmp_path / "a")
+    client = tracker.experiment
+    stale = client.create_run(tracker.experiment_id)
+    client.set_tag(stale.info.run_id, "mars2.pid", str(dead.pid))
+    import socket
+
+    client.set_tag(stale.info.run_id, "mars2.host", socket.gethostname())
+    assert mark_stale_runs(client, tracker.experiment_id, keep=tracker.run_id) == [
+        stale.info.run_id
+    ]
+    assert client.get_run(stale.info.run_id).info.status == "KILLED"
+    assert client.get_run(tracker.run_id).info.status == "RUNNING"  # this process is alive

@@ -9,9 +9,11 @@ and MLflow run (see `mars2.utils.tracking`) carry on. The folder is chosen by th
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
+from hydra.experimental.callback import Callback as HydraCallback
 from omegaconf import OmegaConf
 
 CHECKPOINT_DIR = "checkpoints"
@@ -138,3 +140,35 @@ def register_resolver() -> None:
     """Make `${mars2_run_dir:task,ckpt_path,resume,runs_root,fresh}` available to configs."""
     if not OmegaConf.has_resolver(RESOLVER):
         OmegaConf.register_new_resolver(RESOLVER, choose_run_dir)
+
+
+class RunFolderCheck(HydraCallback):
+    """Hydra callback: refuse an unwritable run folder before Hydra tries to create it (the
+    error names the folder and `hydra.run.dir` instead of a bare PermissionError traceback)."""
+
+    def on_run_start(self, config: Any, **kwargs: Any) -> None:
+        folder = OmegaConf.select(config, "hydra.run.dir")
+        if not folder:
+            return
+        try:
+            probe_writable(Path(str(folder)), "hydra.run.dir")
+        except RunFolderError as error:
+            # Hydra turns a callback's exception into a warning and goes on to fail in mkdir.
+            print(f"Error: {error}", file=sys.stderr)
+            raise SystemExit(1) from error
+
+
+def probe_writable(folder: Path, setting: str) -> None:
+    """Create `folder` and a file in it (what the run will do anyway); a failure names both."""
+    check_writable(folder, setting)
+    probe = folder / f".mars2-write-probe-{os.getpid()}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        raise RunFolderError(
+            f"the run folder {folder} (chosen by {setting}) is not writable: "
+            f"{error.strerror or error} ({error.filename or folder}). Pick a writable folder with "
+            "hydra.run.dir=... or paths.log_dir=..., or fix the folder's permissions."
+        ) from error
