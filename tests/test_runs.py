@@ -177,7 +177,9 @@ def test_killed_run_resumes_into_the_same_folder_and_mlflow_run(
     running = client.get_metric_history(run.info.run_id, f"{key}_running")
     final = max(running, key=lambda p: p.step).value
     assert final == pytest.approx(sum(values) / len(values), rel=1e-5)
-    assert "/4 [" in second.stdout + second.stderr  # the bar knows the total
+    console = second.stdout + second.stderr
+    assert "/4 [" in console  # the bar knows the total
+    assert console.count("Seed set to 42") == 1  # one line per log message
 
 
 def test_run_folder_choice(tmp_path: Path) -> None:
