@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -261,7 +262,7 @@ def _tiny_generators(tiny_models_dir: Path) -> dict:
     for name in ("tiny_qwen3", "tiny_llama"):
         path = tiny_models_dir / name
         model = AutoModelForCausalLM.from_pretrained(path).eval()
-        generators[name] = TransformersGenerator(model, AutoTokenizer.from_pretrained(path), 24)
+        generators[name] = TransformersGenerator(model, AutoTokenizer.from_pretrained(path), 12)
     return generators
 
 
@@ -282,6 +283,7 @@ def _eval_files(out: Path) -> dict[str, str]:
     return {str(p.relative_to(out)): p.read_text() for p in sorted(out.rglob("*.jsonl"))}
 
 
+@pytest.mark.slow
 def test_tiny_eval_twice_same_numbers_and_killed_eval_resumes_exactly(
     sandbox, tmp_path: Path, tiny_models_dir: Path
 ) -> None:
@@ -296,9 +298,9 @@ def test_tiny_eval_twice_same_numbers_and_killed_eval_resumes_exactly(
                                  progress=False)  # fmt: skip
 
     first = run(tmp_path / "a", Grader(sandbox))
-    torch_state_moved = _tiny_generators  # the global RNG has moved on since: reseeding matters
+    torch.rand(7)  # the global RNG moves on between the runs: only reseeding gives equal draws
     second = run(tmp_path / "b", Grader(sandbox))
-    assert torch_state_moved and [s.metrics for s in first] == [s.metrics for s in second]
+    assert [s.metrics for s in first] == [s.metrics for s in second]
     assert _eval_files(tmp_path / "a") == _eval_files(tmp_path / "b")
     trees = sorted((tmp_path / "a" / "trees").rglob("*.jsonl"))
     assert len(trees) == 3 * len(problems)  # one file per problem and setting (2 agents + team)
@@ -312,5 +314,6 @@ def test_tiny_eval_twice_same_numbers_and_killed_eval_resumes_exactly(
     resumed = run(tmp_path / "c", Grader(sandbox))
     assert [s.metrics for s in resumed] == [s.metrics for s in first]
     assert _eval_files(tmp_path / "c") == _eval_files(tmp_path / "a")
+    final = _eval_files(tmp_path / "c")
     for name, text in partial.items():  # nothing finished before the kill was lost or changed
-        assert _eval_files(tmp_path / "c")[name] == text
+        assert final[name] == text if name.startswith("trees") else final[name].startswith(text)
