@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.loggers import MLFlowLogger
 from torchmetrics import MeanMetric
 
 from mars2.search.tree import save_trees
@@ -21,7 +22,7 @@ log = logging.getLogger(__name__)
 def log_artifact(trainer: pl.Trainer, path: Path, folder: str) -> None:
     """Attach a file to the run when MLflow is the logger (other loggers keep it on disk only)."""
     logger: Any = trainer.logger
-    if logger is not None and type(logger).__name__ == "MLFlowLogger":
+    if isinstance(logger, MLFlowLogger):  # also its subclasses (mars2.utils.tracking.RunTracker)
         logger.experiment.log_artifact(logger.run_id, str(path), artifact_path=folder)
 
 
