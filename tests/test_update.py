@@ -1,0 +1,151 @@
+"""One agent's update on a rollout: micro-batch invariance, several steps per rollout, ranks."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from mars2.models.loading import ModelSpec
+from mars2.rewards.routing import Sample
+from mars2.training.agent_module import AgentModule, OptimConfig, optimise_agent
+from mars2.training.batching import micro_batches, split_rows
+from mars2.training.losses import LossConfig
+
+VARIANTS = ["grpo", "dr_grpo", "dapo", "gspo"]
+LENGTHS = [(3, 9), (5, 2), (2, 6), (4, 4), (3, 1)]  # (prompt, completion) tokens: uneven on purpose
+ADVANTAGES = [1.2, -0.8, 0.5, -1.5, 0.9]
+
+
+@pytest.fixture(scope="module")
+def agent(tiny_models_dir: Path) -> AgentModule:
+    spec = ModelSpec(path=str(tiny_models_dir / "tiny_qwen3"), dtype="float32")
+    return AgentModule("tiny_qwen3", spec, micro_batch_size=8)
+
+
+def _samples(vocab: int) -> list[Sample]:
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for index, ((p, c), adv) in enumerate(zip(LENGTHS, ADVANTAGES, strict=True)):
+        ids = torch.randint(3, vocab, (p + c,), generator=gen).tolist()
+        out.append(
+            Sample("tiny_qwen3", 0, index + 1, [], "", ids[:p], ids[p:], None, 0.0, 0.0, adv, False)
+        )
+    return out
+
+
+class _Capture:
+    """An optimizer that records the gradient of each step instead of stepping (a probe)."""
+
+    def __init__(self, params: list[torch.nn.Parameter]) -> None:
+        self.params = params
+        self.grads: list[list[torch.Tensor]] = []
+
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        for p in self.params:
+            p.grad = None if set_to_none else torch.zeros_like(p)
+
+    def step(self) -> None:
+        self.grads.append([p.grad.detach().clone() for p in self.params if p.grad is not None])
+
+
+class _NoSchedule:
+    def step(self) -> None:
+        pass
+
+    def get_last_lr(self) -> list[float]:
+        return [0.0]
+
+
+def _step_gradient(agent: AgentModule, samples: list[Sample], size: int, **kw: Any) -> list[Any]:
+    params = [p for p in agent.policy.parameters() if p.requires_grad]
+    probe = _Capture(params)
+    batches = micro_batches(samples, size, agent.tokenizer.pad_token_id)
+    optimise_agent(agent, probe, _NoSchedule(), batches, lambda loss: loss.backward(), **kw)
+    return probe.grads
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_micro_batch_size_does_not_change_the_gradient(agent: AgentModule, variant: str) -> None:
+    agent.loss_config = LossConfig(variant=variant, eps_high=0.28, max_tokens=16)  # type: ignore[arg-type]
+    agent.optim_config = OptimConfig(grad_clip=None)
+    samples = _samples(agent.policy.config.vocab_size)
+    whole = _step_gradient(agent, samples, len(samples), num_samples=len(samples))
+    single = _step_gradient(agent, samples, 1, num_samples=len(samples))
+    assert len(whole) == len(single) == 1
+    assert any(g.abs().sum() > 0 for g in whole[0])
+    for a, b in zip(whole[0], single[0], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("variant", ["dapo", "gspo"])
+def test_several_updates_per_rollout_do_not_depend_on_micro_batch_size(
+    agent: AgentModule, variant: str
+) -> None:
+    """Two epochs of two mini-batches with a real AdamW: same weights for micro-batch 1 and 5."""
+    agent.loss_config = LossConfig(variant=variant, eps_high=0.28, beta=0.0)  # type: ignore[arg-type]
+    agent.optim_config = OptimConfig(lr=1e-2, ppo_epochs=2, mini_batches=2, grad_clip=None)
+    start = copy.deepcopy(agent.policy.state_dict())
+    samples = _samples(agent.policy.config.vocab_size)
+    finals, metrics = [], []
+    for size in (len(samples), 1):
+        agent.policy.load_state_dict(start)
+        optimizer, scheduler = agent.build_optimizer()
+        batches = micro_batches(samples, size, agent.tokenizer.pad_token_id)
+        metrics.append(
+            optimise_agent(agent, optimizer, scheduler, batches, lambda loss: loss.backward())
+        )
+        finals.append(copy.deepcopy(agent.policy.state_dict()))
+    agent.policy.load_state_dict(start)
+    assert metrics[0]["updates"] == metrics[1]["updates"] == 4
+    # lr 1e-2 moves the policy: later updates see ratios away from 1 and clip some tokens
+    assert metrics[0]["clip_fraction"] > 0
+    assert abs(metrics[0]["ratio"] - 1.0) > 1e-4
+    for key, value in finals[0].items():
+        torch.testing.assert_close(
+            finals[1][key], value, rtol=1e-3, atol=1e-4
+        )  # Adam: ~1% of a step
+
+
+def test_ranks_that_sum_their_gradients_match_one_process(agent: AgentModule) -> None:
+    """Two ranks, each normalising by the global sizes, then summing (what the all-reduce does)."""
+    agent.loss_config = LossConfig(variant="dapo", eps_high=0.28)
+    agent.optim_config = OptimConfig(grad_clip=None)
+    samples = _samples(agent.policy.config.vocab_size)
+    whole = _step_gradient(agent, samples, 2)[0]
+    shards = [samples[:2], samples[2:]]
+    pad = agent.tokenizer.pad_token_id
+    local = [
+        [len(s), sum(int(b["completion_mask"].sum()) for b in micro_batches(s, 8, pad))]
+        for s in shards
+    ]
+    total = [sum(col) for col in zip(*local, strict=True)]
+    summed = [torch.zeros_like(g) for g in whole]
+    for shard in shards:
+        grads = _step_gradient(agent, shard, 2, global_sizes=lambda _: total)[0]
+        summed = [a + b for a, b in zip(summed, grads, strict=True)]
+    for a, b in zip(summed, whole, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+
+
+def test_split_rows_keeps_every_row_once_in_order() -> None:
+    batches = [
+        {"advantages": torch.arange(3.0), "x": torch.arange(6.0).view(3, 2)},
+        {"advantages": torch.arange(3.0, 5.0), "x": torch.arange(6.0, 10.0).view(2, 2)},
+    ]
+    parts = split_rows(batches, 2)
+    rows = [[float(v) for b in part for v in b["advantages"]] for part in parts]
+    assert rows == [[0.0, 1.0], [2.0, 3.0, 4.0]]
+    assert torch.equal(parts[1][0]["x"], torch.tensor([[4.0, 5.0]]))
+    thin = split_rows(batches[:1], 5)  # fewer rows than parts: some parts are empty
+    assert [] in thin and sum(len(b["advantages"]) for p in thin for b in p) == 3
+    with pytest.raises(ValueError, match="parts"):
+        split_rows(batches, 0)
+
+
+def test_bad_update_counts_are_rejected() -> None:
+    with pytest.raises(ValueError, match="ppo_epochs"):
+        OptimConfig(ppo_epochs=0)
