@@ -331,8 +331,8 @@ def optimise_agent(
             optimizer.step()
             scheduler.step()
             updates += 1
-            for key, value in step.items():
-                totals[key] = totals.get(key, 0.0) + value
+            for key, amount in step.items():
+                totals[key] = totals.get(key, 0.0) + amount
             if epoch == 0:
                 totals["tokens"] = totals.get("tokens", 0.0) + local[1]
     result = {k: (v if k == "tokens" else v / max(1, updates)) for k, v in totals.items()}
