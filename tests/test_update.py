@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from lightning.pytorch import Callback
 
 from mars2.models.loading import ModelSpec
 from mars2.rewards.routing import Sample
@@ -149,3 +150,40 @@ def test_split_rows_keeps_every_row_once_in_order() -> None:
 def test_bad_update_counts_are_rejected() -> None:
     with pytest.raises(ValueError, match="ppo_epochs"):
         OptimConfig(ppo_epochs=0)
+
+
+class _Recorder(Callback):
+    def __init__(self) -> None:
+        self.steps: list[dict[str, float]] = []
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        self.steps.append({k: float(v) for k, v in trainer.callback_metrics.items()})
+
+
+@pytest.mark.slow
+def test_tiny_pair_with_two_epochs_clips_some_tokens(tmp_path: Path, tiny_models_dir: Path) -> None:
+    """tiny_pair with ppo_epochs=2: the second pass sees ratios off 1, and clipping acts."""
+    from mars2.training.run import build_run
+    from tests.test_training import compose_run, script_all
+
+    cfg = compose_run(
+        tmp_path,
+        tiny_models_dir,
+        "steps=2",
+        "ppo_epochs=2",
+        "logger=none",
+        "callbacks.checkpoint=null",
+    )
+    module, datamodule, trainer, sandbox = build_run(cfg)
+    recorder = _Recorder()
+    trainer.callbacks.append(recorder)
+    script_all(module)
+    try:
+        trainer.fit(module, datamodule=datamodule)
+    finally:
+        sandbox.close()
+    assert len(recorder.steps) == 2
+    updates = [s[k] for s in recorder.steps for k in s if k.endswith("/updates")]
+    assert updates and set(updates) == {2.0}
+    clip = [s[k] for s in recorder.steps for k in s if k.endswith("/clip_fraction")]
+    assert max(clip) > 0

@@ -11,6 +11,7 @@ import torch
 
 from mars2.generation.transformers_backend import TransformersGenerator
 from mars2.models.loading import ModelSpec, frozen_copy, load_policy, load_tokenizer
+from mars2.rewards.overlong import OverlongPenalty
 from mars2.training.losses import LossConfig, policy_loss, token_entropy, token_logprobs
 
 
@@ -142,6 +143,17 @@ class AgentModule(pl.LightningModule):
     @generator.setter
     def generator(self, value: Any) -> None:
         self._generator = value
+
+    @property
+    def overlong(self) -> OverlongPenalty | None:
+        """This agent's soft overlong reward term (None when its buffer is 0)."""
+        if self.loss_config.overlong_buffer == 0:
+            return None
+        return OverlongPenalty(
+            self.generation_config.max_new_tokens,
+            self.loss_config.overlong_buffer,
+            self.loss_config.overlong_penalty,
+        )
 
     # -- loss -------------------------------------------------------------------------------
 

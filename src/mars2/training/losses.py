@@ -25,6 +25,9 @@ class LossConfig:
     beta: coefficient of the k3 KL estimator to the reference model (0 disables the reference).
     tis_cap: truncated importance sampling cap on exp(old - rollout) when rollout log-probs come
     from another engine (vLLM); None disables it.
+    overlong_buffer, overlong_penalty: DAPO's soft overlong penalty, a reward term (not a loss
+    term; see `mars2.rewards.overlong`) over the last `overlong_buffer` tokens before the agent's
+    `max_new_tokens`, reaching -overlong_penalty at the cap; buffer 0 disables it.
     """
 
     variant: LossVariant = "grpo"
@@ -34,6 +37,8 @@ class LossConfig:
     tis_cap: float | None = 2.0
     max_tokens: int = 1024
     mask_truncated: bool = False
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         if self.variant not in ("grpo", "dr_grpo", "dapo", "gspo"):
@@ -42,6 +47,8 @@ class LossConfig:
             )
         if self.eps_low < 0 or self.eps_high < 0 or self.beta < 0:
             raise ValueError("eps_low, eps_high and beta must be >= 0")
+        if self.overlong_buffer < 0 or self.overlong_penalty < 0:
+            raise ValueError("overlong_buffer and overlong_penalty must be >= 0")
 
 
 def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
