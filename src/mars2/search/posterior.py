@@ -25,6 +25,15 @@ class RewardStats:
         self.total += weight * reward
         self.total_sq += weight * reward * reward
 
+    def plus(self, other: RewardStats) -> RewardStats:
+        """Both sets of rewards, pending results included."""
+        return RewardStats(
+            self.count + other.count,
+            self.total + other.total,
+            self.total_sq + other.total_sq,
+            self.pending + other.pending,
+        )
+
     def merged(self, other: RewardStats, weight: float = 1.0) -> RewardStats:
         """These stats plus `weight` times `other` (used for cross-tree agent priors)."""
         return RewardStats(
