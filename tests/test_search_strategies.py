@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from mars2.search.policy import STRATEGIES, PolicyConfig, ThompsonPolicy, TreeStats
+from mars2.search.posterior import RewardStats
 from mars2.search.runner import SearchConfig, TreeSearch
 from mars2.search.simulated import SimulatedAgent, SimulatedGrader, simulated_problems
 from mars2.search.tree import SearchTree
@@ -139,21 +140,15 @@ def test_batched_rounds_keep_budgets_and_stats_for_every_strategy(
         for node in tree.nodes:
             gen, cont = _brute_force(tree, node.id)
             for agent in AGENTS:
-                assert stats.gen_by[node.id].get(agent, _zero()).total == pytest.approx(
+                assert stats.gen_by[node.id].get(agent, RewardStats()).total == pytest.approx(
                     gen.get(agent, 0.0)
                 )
-                assert stats.cont_by[node.id].get(agent, _zero()).total == pytest.approx(
+                assert stats.cont_by[node.id].get(agent, RewardStats()).total == pytest.approx(
                     cont.get(agent, 0.0)
                 )
             assert stats.cont[node.id].total == pytest.approx(sum(cont.values()))
         depths.extend(n.depth for n in tree.answers())
     assert max(depths) >= 2  # refinements happen
-
-
-def _zero():  # type: ignore[no-untyped-def]
-    from mars2.search.posterior import RewardStats
-
-    return RewardStats()
 
 
 def test_unknown_strategy_is_a_clear_config_error() -> None:
