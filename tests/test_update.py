@@ -187,3 +187,88 @@ def test_tiny_pair_with_two_epochs_clips_some_tokens(tmp_path: Path, tiny_models
     assert updates and set(updates) == {2.0}
     clip = [s[k] for s in recorder.steps for k in s if k.endswith("/clip_fraction")]
     assert max(clip) > 0
+
+
+# -- two gloo ranks against one process ---------------------------------------------------------
+
+
+class _TinyLM(torch.nn.Module):
+    """A two-layer stand-in policy (the real models are too slow to load in two processes)."""
+
+    def __init__(self, vocab: int = 40) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(vocab, 8)
+        self.head = torch.nn.Linear(8, vocab)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Any:
+        from types import SimpleNamespace
+
+        return SimpleNamespace(logits=self.head(torch.tanh(self.embed(input_ids))))
+
+
+class _LiteAgent:
+    """AgentModule's own loss code around `_TinyLM`."""
+
+    compute_loss = AgentModule.compute_loss
+    loss_mask = AgentModule.loss_mask
+    freeze_rollout = AgentModule.freeze_rollout
+    reference_logprobs = AgentModule.reference_logprobs
+
+    def __init__(self, variant: str) -> None:
+        from mars2.training.agent_module import GenerationConfig
+
+        self.policy = _TinyLM()
+        self.loss_config = LossConfig(variant=variant, eps_high=0.28)  # type: ignore[arg-type]
+        self.optim_config = OptimConfig(grad_clip=None)
+        self.generation_config = GenerationConfig()
+
+
+def _lite_gradients(variant: str, samples: list[Sample], **kw: Any) -> list[torch.Tensor]:
+    agent = _LiteAgent(variant)
+    probe = _Capture(list(agent.policy.parameters()))
+    batches = micro_batches(samples, 1, 0)
+    optimise_agent(agent, probe, _NoSchedule(), batches, lambda loss: loss.backward(), **kw)  # type: ignore[arg-type]
+    return probe.grads[0]
+
+
+def _rank_main(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    from mars2.training.distributed import global_counts, sum_gradients
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        samples = _samples(40)
+        shard = samples[:1] if rank == 0 else samples[1:]  # uneven on purpose
+        grads = {
+            variant: _lite_gradients(
+                variant,
+                shard,
+                sync_gradients=lambda a: sum_gradients(a.policy),
+                global_sizes=lambda s: global_counts(s, torch.device("cpu")),
+            )
+            for variant in VARIANTS
+        }
+        if rank == 0:
+            torch.save(grads, out)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_give_the_one_process_gradient(tmp_path: Path) -> None:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = str(tmp_path / "grads.pt")
+    mp.spawn(_rank_main, args=(port, out), nprocs=2, join=True)
+    distributed = torch.load(out)
+    for variant in VARIANTS:
+        alone = _lite_gradients(variant, _samples(40))
+        for a, b in zip(distributed[variant], alone, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
