@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from mars2.search.posterior import Prior, RewardStats, thompson_draw
+from mars2.search.posterior import Prior, RewardStats, argmax, thompson_draw, thompson_draws
 from mars2.search.tree import ROOT_ID, SearchTree
 
 AgentScope = Literal["tree", "global"]
@@ -141,25 +141,23 @@ class TreeStats:
     def _walk(self, tree: SearchTree, parent: int, agent: str, reward: float, delta: int) -> None:
         # delta 0: a scored result; +1/-1: a pending one (counted as a failure until scored)
         nodes = tree.nodes
+        touched = [
+            self.children[parent],
+            self.subtree[parent],
+            self._of(self.gen_by[parent], agent),
+        ]
         child, current = parent, nodes[parent].parent
-        for table, key in ((self.children, parent), (self.subtree, parent)):
-            if delta:
-                table[key].pending += delta
-            else:
-                table[key].add(reward)
-        gen = self._of(self.gen_by[parent], agent)
-        if delta:
-            gen.pending += delta
-        else:
-            gen.add(reward)
         while current is not None:
-            below = self._of(self.cont_by[current], nodes[child].agent or "")
-            for stats in (self.cont[current], below, self.subtree[current]):
-                if delta:
-                    stats.pending += delta
-                else:
-                    stats.add(reward)
+            touched.append(self.cont[current])
+            touched.append(self._of(self.cont_by[current], nodes[child].agent or ""))
+            touched.append(self.subtree[current])
             child, current = current, nodes[current].parent
+        if delta:
+            for stats in touched:
+                stats.pending += delta
+        else:
+            for stats in touched:
+                stats.add(reward)
 
     def observe(self, tree: SearchTree, node_id: int) -> None:
         """Record a scored node: its own stats, its parent's GEN stats, all ancestors' CONT."""
@@ -242,15 +240,13 @@ class ThompsonPolicy:
         """Thompson draw over each agent's results in scope; ties go to the earlier agent."""
         if not agents:
             raise ValueError("no agents to choose from")
-        best, best_score = agents[0], -np.inf
-        for name in agents:
-            agent_stats = stats.agent(name)
-            if self.config.agent_scope == "global" and global_stats is not None:
-                agent_stats = agent_stats.merged(global_stats.get(name), self.config.global_weight)
-            score = thompson_draw(agent_stats, self.config.prior, rng)
-            if score > best_score:
-                best, best_score = name, score
-        return best
+        pooled = [stats.agent(name) for name in agents]
+        if self.config.agent_scope == "global" and global_stats is not None:
+            weight = self.config.global_weight
+            pooled = [
+                p.merged(global_stats.get(n), weight) for p, n in zip(pooled, agents, strict=True)
+            ]
+        return agents[argmax(thompson_draws(pooled, self.config.prior, rng))]
 
     def _selectable_children(
         self, tree: SearchTree, stats: TreeStats, node_id: int, memo: dict[int, bool]
@@ -258,9 +254,10 @@ class ThompsonPolicy:
         return [c for c in tree.nodes[node_id].children if self._selectable(tree, stats, c, memo)]
 
     def _best_child(self, stats: TreeStats, children: list[int], rng: np.random.Generator) -> int:
-        prior = self.config.prior
-        draws = [thompson_draw(stats.subtree[c], prior, rng) for c in children]
-        return children[int(np.argmax(draws))]
+        if len(children) == 1:
+            return children[0]
+        draws = thompson_draws([stats.subtree[c] for c in children], self.config.prior, rng)
+        return children[argmax(draws)]
 
     def select_stack(
         self,
@@ -282,20 +279,24 @@ class ThompsonPolicy:
             candidates = list(agents) if widen else [a for a in agents if a in mine]
             if not candidates:
                 return None
-            best, best_score = candidates[0], -np.inf
-            for name in candidates:
-                action = stats.action(current, name)
-                if self.config.agent_scope == "global" and global_stats is not None:
-                    action = action.merged(global_stats.get(name), self.config.global_weight)
-                score = thompson_draw(action, prior, rng)
-                if score > best_score:
-                    best, best_score = name, score
+            actions = [stats.action(current, name) for name in candidates]
+            if self.config.agent_scope == "global" and global_stats is not None:
+                weight = self.config.global_weight
+                actions = [
+                    a.merged(global_stats.get(n), weight)
+                    for a, n in zip(actions, candidates, strict=True)
+                ]
+            best = candidates[argmax(thompson_draws(actions, prior, rng))]
             children = mine.get(best)
             if not children:
                 return current, best
             if widen:
-                gen = thompson_draw(stats.gen_by[current].get(best, RewardStats()), prior, rng)
-                cont = thompson_draw(stats.cont_by[current].get(best, RewardStats()), prior, rng)
+                empty = RewardStats()
+                gen_cont = [
+                    stats.gen_by[current].get(best, empty),
+                    stats.cont_by[current].get(best, empty),
+                ]
+                gen, cont = thompson_draws(gen_cont, prior, rng)
                 if gen > cont:
                     return current, best
             current = self._best_child(stats, children, rng)
@@ -317,12 +318,14 @@ class ThompsonPolicy:
             children = self._selectable_children(tree, stats, current, memo)
             if not widen and not children:
                 return None
-            if widen and (
-                not children
-                or thompson_draw(stats.children[current], prior, rng)
-                > thompson_draw(stats.cont[current], prior, rng)
-            ):
+            if widen and not children:
                 return current, self.select_agent(stats, agents, rng, global_stats)
+            if widen:
+                gen, cont = thompson_draws(
+                    [stats.children[current], stats.cont[current]], prior, rng
+                )
+                if gen > cont:
+                    return current, self.select_agent(stats, agents, rng, global_stats)
             current = self._best_child(stats, children, rng)
 
     def select(
