@@ -7,7 +7,7 @@ wall time of the search bookkeeping (everything but generating and grading, whic
 from the simulator), with the ratios (targets: solve rate >= TreeQuest's, bookkeeping >= 10x
 faster).
 
-    python benchmarks/bench_search.py --problems 200 --budget 16 --strategies stack bandit flat
+    python benchmarks/bench_search.py --problems 200 --budget 16 --seeds 3 --strategies stack bandit flat
 """
 
 from __future__ import annotations
@@ -89,18 +89,31 @@ def run_treequest(
 
 
 def run(
-    problems: int, budget: int, seed: int, strategies: list[str]
+    problems: int, budget: int, seed: int, strategies: list[str], seeds: int = 1
 ) -> dict[str, dict[str, float]]:
-    items = simulated_problems(problems)
-    rng = np.random.default_rng(seed)
-    skills = {p.id: float(rng.beta(1, 20)) for p in items}
-    np.random.seed(seed)  # TreeQuest samples through numpy's global generator
-    result = {}
-    for name in strategies:
-        result[f"mars2 {name}"] = run_ours(items, skills, budget, seed, name)
-        peer = TREEQUEST_STRATEGY[name]
-        if f"treequest {peer}" not in result:
-            result[f"treequest {peer}"] = run_treequest(items, skills, budget, seed, peer)
+    """Pooled over `seeds` independent problem sets (seed, seed + 1, ...): solve rate is the mean,
+    times are sums."""
+    result: dict[str, dict[str, float]] = {}
+
+    def add(name: str, row: dict[str, float]) -> None:
+        total = result.setdefault(name, {"solve_rate": 0.0, "bookkeeping_s": 0.0, "total_s": 0.0})
+        total["solve_rate"] += row["solve_rate"] / seeds
+        total["bookkeeping_s"] += row["bookkeeping_s"]
+        total["total_s"] += row["total_s"]
+
+    for offset in range(seeds):
+        current = seed + offset
+        items = simulated_problems(problems, prefix=f"sim{current}")
+        rng = np.random.default_rng(current)
+        skills = {p.id: float(rng.beta(1, 20)) for p in items}
+        np.random.seed(current)  # TreeQuest samples through numpy's global generator
+        peers_done = set()
+        for name in strategies:
+            add(f"mars2 {name}", run_ours(items, skills, budget, current, name))
+            peer = TREEQUEST_STRATEGY[name]
+            if peer not in peers_done:
+                peers_done.add(peer)
+                add(f"treequest {peer}", run_treequest(items, skills, budget, current, peer))
     return result
 
 
@@ -111,12 +124,16 @@ def main() -> None:
     parser.add_argument("--problems", type=int, default=200)
     parser.add_argument("--budget", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, default=3, help="problem sets to pool")
     parser.add_argument(
         "--strategies", nargs="+", default=["stack"], choices=sorted(TREEQUEST_STRATEGY)
     )
     args = parser.parse_args()
-    result = run(args.problems, args.budget, args.seed, args.strategies)
-    print(f"{args.problems} simulated problems, {args.budget} nodes per tree, strong + weak agent")
+    result = run(args.problems, args.budget, args.seed, args.strategies, args.seeds)
+    print(
+        f"{args.seeds} x {args.problems} simulated problems, {args.budget} nodes per tree, "
+        "strong + weak agent"
+    )
     print(f"  {'':28} {'solve rate':>10} {'bookkeeping s':>14}")
     for name, row in result.items():
         print(f"  {name:28} {row['solve_rate']:10.3f} {row['bookkeeping_s']:14.4f}")
