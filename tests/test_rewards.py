@@ -115,3 +115,21 @@ def test_routing_rejects_unknown_agents() -> None:
     tree = _tree([(0, "ghost", 0.0), (0, "qwen", 1.0)])
     with pytest.raises(KeyError, match="ghost"):
         route_samples([tree], ["qwen"])
+
+
+# -- DAPO soft overlong penalty ------------------------------------------------------------------
+
+
+def test_soft_overlong_penalty_follows_dapo() -> None:
+    from mars2.rewards.overlong import OverlongPenalty, soft_overlong_penalty
+
+    # DAPO eq. 13 with L_max = 100, buffer 20: 0 until 80, linear to -1 at 100, -1 beyond
+    term = OverlongPenalty(max_tokens=100, buffer=20)
+    assert [term(n) for n in (0, 80)] == [0.0, 0.0]
+    assert term(81) == pytest.approx(-0.05)
+    assert term(90) == pytest.approx(-0.5)
+    assert term(100) == -1.0 and term(150) == -1.0
+    assert soft_overlong_penalty(95, 100, 20, penalty=2.0) == pytest.approx(-1.5)
+    assert soft_overlong_penalty(100, 100, 0) == 0.0  # buffer 0: off
+    with pytest.raises(ValueError, match="buffer"):
+        OverlongPenalty(max_tokens=10, buffer=20)

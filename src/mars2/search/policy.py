@@ -1,13 +1,22 @@
-"""Thompson-sampled expansion over agent-node pairs (AB-MCTS-A style).
+"""Thompson-sampled expansion over agent-node pairs (AB-MCTS-A style), three strategies.
 
-At each node on the way down, one Thompson draw is made for *widening* (a new child here: a fresh
-solution at the root, a refinement elsewhere) from the rewards of the node's children, and one for
-*deepening* into each child from the rewards of that child's whole subtree. The best draw wins;
-descending repeats the choice one level lower. Once a node is picked for widening, the expanding
-agent is picked by a Thompson draw over each agent's results: within this tree (``agent_scope=
-"tree"``, as AB-MCTS) or with results carried over from earlier trees and steps as a prior
-(``"global"``, an agent-responsive prior). Pending expansions count as failures until scored, so
-several picks made in one round spread out instead of piling onto one node.
+Every strategy walks down from the root; GEN at a node means "a new child here" (a fresh solution
+at the root, a refinement elsewhere), CONT means "descend into one of its children".
+
+- ``stack`` (MARS², TreeQuest's multi-LLM AB-MCTS-A ``stack``): at each node, per agent, an action
+  posterior (rewards below the children that agent made here), a GEN posterior (rewards of those
+  children) and a CONT posterior (rewards further below them). The agent is drawn first from the
+  action posteriors, then that agent's GEN vs CONT; CONT descends to the best draw among the
+  children that agent made (each child's posterior: its own reward and everything below it).
+- ``bandit`` (TreeQuest's ``multiarm_bandit_thompson``): GEN vs CONT shared by all agents; on GEN
+  the agent is drawn from each agent's pooled rewards in the tree; CONT picks any child.
+- ``flat`` (the first mars2 policy): one argmax over "widen here" (children's rewards) and every
+  child's subtree posterior; the agent is drawn once the node is chosen.
+
+The agent draw of ``bandit`` and ``flat`` may use results carried over from earlier trees and
+steps (``agent_scope="global"``); ``stack`` adds them to every action posterior. Pending
+expansions count as failures until scored, so several picks made in one round spread out; with
+one expansion per round nothing is pending at a pick and the walk is the sequential algorithm.
 """
 
 from __future__ import annotations
@@ -18,10 +27,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from mars2.search.posterior import Prior, RewardStats, thompson_draw
+from mars2.search.posterior import Prior, RewardStats, argmax, thompson_draw, thompson_draws
 from mars2.search.tree import ROOT_ID, SearchTree
 
 AgentScope = Literal["tree", "global"]
+Strategy = Literal["stack", "bandit", "flat"]
+STRATEGIES = ("stack", "bandit", "flat")
 
 
 @dataclass(frozen=True)
@@ -29,6 +40,7 @@ class PolicyConfig:
     """Knobs of the expansion policy."""
 
     prior: Prior = field(default_factory=Prior)
+    strategy: Strategy = "stack"
     max_depth: int | None = None
     max_children: int | None = None
     refine_solved: bool = False
@@ -36,6 +48,10 @@ class PolicyConfig:
     global_weight: float = 1.0
 
     def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(
+                f"unknown search strategy {self.strategy!r}: use 'stack', 'bandit' or 'flat'"
+            )
         if self.agent_scope not in ("tree", "global"):
             raise ValueError(f"unknown agent_scope {self.agent_scope!r}: use 'tree' or 'global'")
         if self.max_depth is not None and self.max_depth < 1:
@@ -76,11 +92,19 @@ class AgentStatistics:
 
 
 class TreeStats:
-    """Posterior statistics of one tree, kept in step with it (rebuildable with `from_tree`)."""
+    """Posterior statistics of one tree, kept in step with it (rebuildable from the tree).
+
+    Per node n: ``subtree[n]`` (n and everything below it: n's posterior as a child),
+    ``children[n]`` (n's children), ``cont[n]`` (everything below n's children), and per agent
+    ``gen_by[n][a]`` / ``cont_by[n][a]`` (the same two restricted to the children agent a made).
+    """
 
     def __init__(self, tree: SearchTree) -> None:
         self.subtree: list[RewardStats] = []
         self.children: list[RewardStats] = []
+        self.cont: list[RewardStats] = []
+        self.gen_by: list[dict[str, RewardStats]] = []
+        self.cont_by: list[dict[str, RewardStats]] = []
         self.pending_children: list[int] = []
         self.agents: dict[str, RewardStats] = {}
         self.pending_total = 0
@@ -92,29 +116,62 @@ class TreeStats:
     def _grow(self) -> None:
         self.subtree.append(RewardStats())
         self.children.append(RewardStats())
+        self.cont.append(RewardStats())
+        self.gen_by.append({})
+        self.cont_by.append({})
         self.pending_children.append(0)
 
     def agent(self, name: str) -> RewardStats:
         return self.agents.setdefault(name, RewardStats())
 
+    @staticmethod
+    def _of(table: dict[str, RewardStats], agent: str) -> RewardStats:
+        stats = table.get(agent)
+        if stats is None:
+            stats = table[agent] = RewardStats()
+        return stats
+
+    def action(self, node_id: int, agent: str) -> RewardStats:
+        """Rewards below the children `agent` made at `node_id` (its action posterior's data)."""
+        gen, cont = self.gen_by[node_id].get(agent), self.cont_by[node_id].get(agent)
+        if gen is None:
+            return cont or RewardStats()
+        return gen if cont is None else gen.plus(cont)
+
+    def _walk(self, tree: SearchTree, parent: int, agent: str, reward: float, delta: int) -> None:
+        # delta 0: a scored result; +1/-1: a pending one (counted as a failure until scored)
+        nodes = tree.nodes
+        touched = [
+            self.children[parent],
+            self.subtree[parent],
+            self._of(self.gen_by[parent], agent),
+        ]
+        child, current = parent, nodes[parent].parent
+        while current is not None:
+            touched.append(self.cont[current])
+            touched.append(self._of(self.cont_by[current], nodes[child].agent or ""))
+            touched.append(self.subtree[current])
+            child, current = current, nodes[current].parent
+        if delta:
+            for stats in touched:
+                stats.pending += delta
+        else:
+            for stats in touched:
+                stats.add(reward)
+
     def observe(self, tree: SearchTree, node_id: int) -> None:
-        """Record a scored node: its own stats, its parent's widening stats, all ancestors."""
+        """Record a scored node: its own stats, its parent's GEN stats, all ancestors' CONT."""
         while len(self.subtree) < len(tree.nodes):
             self._grow()
         node = tree.nodes[node_id]
         assert node.parent is not None and node.agent is not None
         self.subtree[node_id].add(node.reward)
-        for ancestor in tree.ancestors(node_id):
-            self.subtree[ancestor.id].add(node.reward)
-        self.children[node.parent].add(node.reward)
+        self._walk(tree, node.parent, node.agent, node.reward, 0)
         self.agent(node.agent).add(node.reward)
 
     def _pending(self, tree: SearchTree, parent: int, agent: str, delta: int) -> None:
-        self.children[parent].pending += delta
+        self._walk(tree, parent, agent, 0.0, delta)
         self.pending_children[parent] += delta
-        self.subtree[parent].pending += delta
-        for ancestor in tree.ancestors(parent):
-            self.subtree[ancestor.id].pending += delta
         self.agent(agent).pending += delta
         self.pending_total += delta
 
@@ -183,15 +240,93 @@ class ThompsonPolicy:
         """Thompson draw over each agent's results in scope; ties go to the earlier agent."""
         if not agents:
             raise ValueError("no agents to choose from")
-        best, best_score = agents[0], -np.inf
-        for name in agents:
-            agent_stats = stats.agent(name)
+        pooled = [stats.agent(name) for name in agents]
+        if self.config.agent_scope == "global" and global_stats is not None:
+            weight = self.config.global_weight
+            pooled = [
+                p.merged(global_stats.get(n), weight) for p, n in zip(pooled, agents, strict=True)
+            ]
+        return agents[argmax(thompson_draws(pooled, self.config.prior, rng))]
+
+    def _selectable_children(
+        self, tree: SearchTree, stats: TreeStats, node_id: int, memo: dict[int, bool]
+    ) -> list[int]:
+        return [c for c in tree.nodes[node_id].children if self._selectable(tree, stats, c, memo)]
+
+    def _best_child(self, stats: TreeStats, children: list[int], rng: np.random.Generator) -> int:
+        if len(children) == 1:
+            return children[0]
+        draws = thompson_draws([stats.subtree[c] for c in children], self.config.prior, rng)
+        return children[argmax(draws)]
+
+    def select_stack(
+        self,
+        tree: SearchTree,
+        stats: TreeStats,
+        agents: Sequence[str],
+        rng: np.random.Generator,
+        global_stats: AgentStatistics | None = None,
+    ) -> tuple[int, str] | None:
+        """Agent first, then that agent's GEN vs CONT, at each node on the way down."""
+        prior = self.config.prior
+        memo: dict[int, bool] = {}
+        current = ROOT_ID
+        while True:
+            widen = self.can_widen(tree, stats, current)
+            mine: dict[str, list[int]] = {}
+            for child in self._selectable_children(tree, stats, current, memo):
+                mine.setdefault(tree.nodes[child].agent or "", []).append(child)
+            candidates = list(agents) if widen else [a for a in agents if a in mine]
+            if not candidates:
+                return None
+            actions = [stats.action(current, name) for name in candidates]
             if self.config.agent_scope == "global" and global_stats is not None:
-                agent_stats = agent_stats.merged(global_stats.get(name), self.config.global_weight)
-            score = thompson_draw(agent_stats, self.config.prior, rng)
-            if score > best_score:
-                best, best_score = name, score
-        return best
+                weight = self.config.global_weight
+                actions = [
+                    a.merged(global_stats.get(n), weight)
+                    for a, n in zip(actions, candidates, strict=True)
+                ]
+            best = candidates[argmax(thompson_draws(actions, prior, rng))]
+            children = mine.get(best)
+            if not children:
+                return current, best
+            if widen:
+                empty = RewardStats()
+                gen_cont = [
+                    stats.gen_by[current].get(best, empty),
+                    stats.cont_by[current].get(best, empty),
+                ]
+                gen, cont = thompson_draws(gen_cont, prior, rng)
+                if gen > cont:
+                    return current, best
+            current = self._best_child(stats, children, rng)
+
+    def select_bandit(
+        self,
+        tree: SearchTree,
+        stats: TreeStats,
+        agents: Sequence[str],
+        rng: np.random.Generator,
+        global_stats: AgentStatistics | None = None,
+    ) -> tuple[int, str] | None:
+        """Shared GEN vs CONT at each node; on GEN the agent comes from its pooled rewards."""
+        prior = self.config.prior
+        memo: dict[int, bool] = {}
+        current = ROOT_ID
+        while True:
+            widen = self.can_widen(tree, stats, current)
+            children = self._selectable_children(tree, stats, current, memo)
+            if not widen and not children:
+                return None
+            if widen and not children:
+                return current, self.select_agent(stats, agents, rng, global_stats)
+            if widen:
+                gen, cont = thompson_draws(
+                    [stats.children[current], stats.cont[current]], prior, rng
+                )
+                if gen > cont:
+                    return current, self.select_agent(stats, agents, rng, global_stats)
+            current = self._best_child(stats, children, rng)
 
     def select(
         self,
@@ -202,6 +337,12 @@ class ThompsonPolicy:
         global_stats: AgentStatistics | None = None,
     ) -> tuple[int, str] | None:
         """The next (parent node, agent) expansion, or None when no node may be widened."""
+        if not agents:
+            raise ValueError("no agents to choose from")
+        if self.config.strategy == "stack":
+            return self.select_stack(tree, stats, agents, rng, global_stats)
+        if self.config.strategy == "bandit":
+            return self.select_bandit(tree, stats, agents, rng, global_stats)
         node = self.select_node(tree, stats, rng)
         if node is None:
             return None

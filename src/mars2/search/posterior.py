@@ -25,6 +25,15 @@ class RewardStats:
         self.total += weight * reward
         self.total_sq += weight * reward * reward
 
+    def plus(self, other: RewardStats) -> RewardStats:
+        """Both sets of rewards, pending results included."""
+        return RewardStats(
+            self.count + other.count,
+            self.total + other.total,
+            self.total_sq + other.total_sq,
+            self.pending + other.pending,
+        )
+
     def merged(self, other: RewardStats, weight: float = 1.0) -> RewardStats:
         """These stats plus `weight` times `other` (used for cross-tree agent priors)."""
         return RewardStats(
@@ -81,3 +90,17 @@ def thompson_draw(stats: RewardStats, prior: Prior, rng: np.random.Generator) ->
     mu, kappa, alpha, beta = nig_params(stats, prior)
     variance = beta / rng.gamma(alpha)  # σ² ~ InvGamma(α, β)
     return float(rng.normal(mu, math.sqrt(variance / kappa)))
+
+
+def thompson_draws(stats: list[RewardStats], prior: Prior, rng: np.random.Generator) -> list[float]:
+    """One posterior sample of the mean reward for each of `stats` (scalar draws: with a handful
+    of arms numpy's per-call overhead makes array draws slower)."""
+    if prior.kind == "beta":
+        a0, b0 = prior.alpha, prior.beta
+        return [rng.beta(a0 + s.total, b0 + s.count - s.total + s.pending) for s in stats]
+    return [thompson_draw(s, prior, rng) for s in stats]
+
+
+def argmax(values: list[float]) -> int:
+    """Index of the largest value (the first one on ties)."""
+    return max(range(len(values)), key=values.__getitem__)

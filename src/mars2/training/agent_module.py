@@ -12,13 +12,20 @@ import torch
 from mars2.generation.transformers_backend import TransformersGenerator
 from mars2.models.export import export_pretrained
 from mars2.models.loading import ModelSpec, frozen_copy, load_policy, load_tokenizer
+from mars2.rewards.overlong import OverlongPenalty
 from mars2.training.losses import LossConfig, policy_loss, token_entropy, token_logprobs
 from mars2.training.members import next_batch
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """AdamW (or bitsandbytes AdamW8bit) with linear warm-up then constant or cosine decay."""
+    """AdamW (or bitsandbytes AdamW8bit) with linear warm-up then constant or cosine decay.
+
+    One rollout feeds `ppo_epochs` x `mini_batches` optimizer steps: each epoch passes over the
+    rollout's samples split into `mini_batches` parts. After the first step the policy is no
+    longer the one that sampled, so the ratio to the rollout-time log-probs moves and clipping
+    acts. The schedule counts optimizer steps.
+    """
 
     lr: float = 1e-6
     weight_decay: float = 0.0
@@ -28,8 +35,12 @@ class OptimConfig:
     schedule: str = "constant"  # constant | cosine
     total_steps: int = 1000
     grad_clip: float | None = 1.0
+    ppo_epochs: int = 1
+    mini_batches: int = 1
 
     def __post_init__(self) -> None:
+        if self.ppo_epochs < 1 or self.mini_batches < 1:
+            raise ValueError("ppo_epochs and mini_batches must be >= 1")
         if self.optimizer not in ("adamw", "adamw8bit"):
             raise ValueError(f"unknown optimizer {self.optimizer!r}: use 'adamw' or 'adamw8bit'")
         if self.schedule not in ("constant", "cosine"):
@@ -135,31 +146,73 @@ class AgentModule(pl.LightningModule):
     def generator(self, value: Any) -> None:
         self._generator = value
 
+    @property
+    def overlong(self) -> OverlongPenalty | None:
+        """This agent's soft overlong reward term (None when its buffer is 0)."""
+        if self.loss_config.overlong_buffer == 0:
+            return None
+        return OverlongPenalty(
+            self.generation_config.max_new_tokens,
+            self.loss_config.overlong_buffer,
+            self.loss_config.overlong_penalty,
+        )
+
     # -- loss -------------------------------------------------------------------------------
 
-    def compute_loss(
-        self, batch: dict[str, torch.Tensor]
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Loss of one micro-batch plus detached metrics (kl, clip_fraction, entropy, ...)."""
-        input_ids, attention = batch["input_ids"], batch["attention_mask"]
+    def loss_mask(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The tokens that carry loss: completion tokens, minus truncated ones if so configured."""
         mask = batch["completion_mask"]
         if self.loss_config.mask_truncated:
             mask = mask * (~batch["truncated"]).unsqueeze(-1).to(mask.dtype)
+        return mask
+
+    def freeze_rollout(self, batch: dict[str, torch.Tensor]) -> None:
+        """Store the current (rollout-time) policy's and the reference's log-probs in `batch`.
+
+        Called once before the first update of a rollout, so later updates take their ratio
+        against the policy that sampled.
+        """
+        input_ids, attention = batch["input_ids"], batch["attention_mask"]
+        with torch.no_grad():
+            logits = self.policy(input_ids=input_ids, attention_mask=attention).logits[:, :-1]
+            batch["old_logprobs"] = token_logprobs(
+                logits, input_ids[:, 1:], self.generation_config.temperature
+            )
+        ref = self.reference_logprobs(input_ids, attention)
+        if ref is not None:
+            batch["ref_logprobs"] = ref
+
+    def compute_loss(
+        self,
+        batch: dict[str, torch.Tensor],
+        num_sequences: float | None = None,
+        num_tokens: float | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Loss of one micro-batch plus detached metrics (kl, clip_fraction, entropy, ...).
+
+        `num_sequences` / `num_tokens`: sizes of the whole optimizer step (see `policy_loss`).
+        """
+        input_ids, attention = batch["input_ids"], batch["attention_mask"]
+        mask = self.loss_mask(batch)
         logits = self.policy(input_ids=input_ids, attention_mask=attention).logits[:, :-1]
         temperature = self.generation_config.temperature
         logprobs = token_logprobs(logits, input_ids[:, 1:], temperature)
         has_rollout = batch["has_rollout_logprobs"].unsqueeze(-1)
-        # One optimizer step per rollout: the sampling policy is the current one, unless a separate
-        # engine (vLLM) sampled, in which case its log-probs feed truncated importance sampling.
-        old = logprobs.detach()
+        # Without frozen rollout log-probs this is the first update: the policy is the sampler.
+        # When a separate engine (vLLM) sampled, its log-probs feed truncated importance sampling.
+        old = batch.get("old_logprobs", logprobs.detach())
         rollout = (
             torch.where(has_rollout, batch["rollout_logprobs"], old)
             if self.generation_config.backend == "vllm"
             else None
         )
+        ref = batch.get("ref_logprobs")
+        if ref is None:
+            ref = self.reference_logprobs(input_ids, attention)
         loss, metrics = policy_loss(
             logprobs, old, batch["advantages"], mask, self.loss_config,
-            ref_logprobs=self.reference_logprobs(input_ids, attention), rollout_logprobs=rollout,
+            ref_logprobs=ref, rollout_logprobs=rollout,
+            num_sequences=num_sequences, num_tokens=num_tokens,
         )  # fmt: skip
         with torch.no_grad():
             entropy = token_entropy(logits, temperature)
@@ -202,7 +255,7 @@ class AgentModule(pl.LightningModule):
         samples = batch["agents"].get(self.name, [])
         if not samples:
             return
-        optimizer = self.optimizers()
+        optimizer = self.optimizers(use_pl_optimizer=False)
         scheduler = self.lr_schedulers()
         metrics = optimise_agent(
             self,
@@ -212,6 +265,10 @@ class AgentModule(pl.LightningModule):
             self.manual_backward,
             int(batch["counts"][self.name]),
         )
+        # One rollout is one Lightning step however many optimizer steps it fed.
+        progress = self.trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
+        progress.increment_ready()
+        progress.increment_completed()
         self.log_dict({f"{self.name}/{k}": v for k, v in metrics.items()}, batch_size=1)
 
     def configure_optimizers(self) -> Any:
@@ -232,31 +289,65 @@ def optimise_agent(
     scheduler: Any,
     batches: list[dict[str, torch.Tensor]],
     backward: Any,
-    num_samples: int,
+    num_samples: int | None = None,
     sync_gradients: Any = None,
+    global_sizes: Any = None,
 ) -> dict[str, float]:
-    """One optimizer step of `agent` on its own micro-batches (gradient accumulation).
+    """Update `agent` on one rollout's micro-batches: `ppo_epochs` x `mini_batches` steps.
 
-    Each micro-batch's loss is weighted by its share of the agent's samples, so the step is the
-    same whatever the micro-batch size. `sync_gradients` (DDP) averages gradients across ranks.
+    Every step's loss is normalised by the size of that whole step (its sequences and tokens over
+    all its micro-batches, and over all ranks when `global_sizes` all-reduces [sequences, tokens]),
+    so each micro-batch's gradient is its exact share and the step does not depend on the
+    micro-batch size. `sync_gradients(agent)` then sums the gradients across ranks. With more than
+    one update the rollout-time log-probs are frozen before the first one. `num_samples`, when
+    given, must be the number of local samples.
     """
-    optimizer.zero_grad(set_to_none=False)
+    from mars2.training.batching import split_rows
+
+    cfg = agent.optim_config
+    rows = sum(int(b["advantages"].shape[0]) for b in batches)
+    if num_samples is not None and num_samples != rows:
+        raise ValueError(f"num_samples={num_samples} but the micro-batches hold {rows} samples")
+    if cfg.ppo_epochs * cfg.mini_batches > 1:
+        for batch in batches:
+            agent.freeze_rollout(batch)
+    parts = split_rows(batches, cfg.mini_batches)
     totals: dict[str, float] = {}
-    for batch in batches:
-        loss, metrics = agent.compute_loss(batch)
-        share = batch["advantages"].shape[0] / max(1, num_samples)
-        backward(loss * share)
-        totals["loss"] = totals.get("loss", 0.0) + float(loss.detach()) * share
-        for key, value in metrics.items():
-            weight = 1.0 if key == "tokens" else share
-            totals[key] = totals.get(key, 0.0) + float(value) * weight
-    if sync_gradients is not None:
-        sync_gradients(agent)
-    if agent.optim_config.grad_clip is not None:
-        totals["grad_norm"] = float(
-            torch.nn.utils.clip_grad_norm_(agent.policy.parameters(), agent.optim_config.grad_clip)
-        )
-    optimizer.step()
-    scheduler.step()
-    totals["lr"] = float(scheduler.get_last_lr()[0])
-    return totals
+    updates = 0
+    for epoch in range(cfg.ppo_epochs):
+        for part in parts:
+            local = [
+                sum(int(b["advantages"].shape[0]) for b in part),
+                sum(int(agent.loss_mask(b).sum()) for b in part),
+            ]
+            sequences, tokens = global_sizes(local) if global_sizes is not None else local
+            if sequences == 0:
+                continue  # no rank has samples for this part: every rank skips it alike
+            optimizer.zero_grad(set_to_none=False)
+            step: dict[str, float] = {}
+            for batch in part:
+                loss, metrics = agent.compute_loss(batch, sequences, tokens)
+                backward(loss)
+                step["loss"] = step.get("loss", 0.0) + float(loss.detach())
+                share = float(metrics.get("tokens", 0.0)) / max(1, local[1])
+                for key, value in metrics.items():
+                    if key != "tokens":
+                        step[key] = step.get(key, 0.0) + float(value) * share
+            if sync_gradients is not None:
+                sync_gradients(agent)
+            if cfg.grad_clip is not None:
+                step["grad_norm"] = float(
+                    torch.nn.utils.clip_grad_norm_(agent.policy.parameters(), cfg.grad_clip)
+                )
+            optimizer.step()
+            scheduler.step()
+            updates += 1
+            for key, amount in step.items():
+                totals[key] = totals.get(key, 0.0) + amount
+            if epoch == 0:
+                totals["tokens"] = totals.get("tokens", 0.0) + local[1]
+    result = {k: (v if k == "tokens" else v / max(1, updates)) for k, v in totals.items()}
+    result["updates"] = float(updates)
+    result["lr"] = float(scheduler.get_last_lr()[0])
+    return result
+

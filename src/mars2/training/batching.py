@@ -66,3 +66,34 @@ def micro_batches(
         raise ValueError("micro-batch size must be >= 1")
     ordered = sorted(samples, key=_length, reverse=True)
     return [collate(ordered[i : i + size], pad_id) for i in range(0, len(ordered), size)]
+
+
+def split_rows(
+    batches: Sequence[dict[str, torch.Tensor]], parts: int
+) -> list[list[dict[str, torch.Tensor]]]:
+    """The rows of `batches`, in order, cut into `parts` near-equal mini-batches.
+
+    Micro-batches are sliced where a cut falls inside one, never merged, so none grows. Every
+    tensor of a micro-batch has the sample as its first dimension. A part may be empty when there
+    are fewer rows than parts.
+    """
+    if parts < 1:
+        raise ValueError("parts must be >= 1")
+    if parts == 1:
+        return [list(batches)]
+    rows = sum(int(b["advantages"].shape[0]) for b in batches)
+    bounds = [round(rows * k / parts) for k in range(parts + 1)]
+    out: list[list[dict[str, torch.Tensor]]] = [[] for _ in range(parts)]
+    start = 0
+    for batch in batches:
+        size = int(batch["advantages"].shape[0])
+        for k in range(parts):
+            low, high = max(bounds[k], start), min(bounds[k + 1], start + size)
+            if low >= high:
+                continue
+            if low == start and high == start + size:
+                out[k].append(batch)
+            else:
+                out[k].append({key: v[low - start : high - start] for key, v in batch.items()})
+        start += size
+    return out

@@ -57,7 +57,8 @@ class TreeSearchDataModule(pl.LightningDataModule):
         agents = team_members(self._team())
         rank = self.trainer.global_rank if self.trainer else 0
         world = self.trainer.world_size if self.trainer else 1
-        data = self.engine.run(step, self.generators(), rank, world)
+        overlong = {name: agent.overlong for name, agent in agents.items() if agent.overlong}
+        data = self.engine.run(step, self.generators(), rank, world, overlong=overlong)
         self.last = data
         per_agent = {}
         for name, samples in data.samples.items():

@@ -40,6 +40,18 @@ def average_gradients(module: torch.nn.Module, local_count: int, global_count: i
         param.grad.div_(max(1, global_count))
 
 
+def sum_gradients(module: torch.nn.Module) -> None:
+    """Sum each gradient over all ranks (each rank's loss is already normalised globally)."""
+    if not is_distributed():
+        return
+    for param in module.parameters():
+        if not param.requires_grad:
+            continue
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+        dist.all_reduce(param.grad)
+
+
 class MultiAgentDDPStrategy(DDPStrategy):
     """DDP process launching and groups, without wrapping the team in DistributedDataParallel."""
 

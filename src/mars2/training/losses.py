@@ -19,11 +19,15 @@ class LossConfig:
 
     grpo: per-token clipped ratio, mean over each sequence's tokens, then over sequences.
     dr_grpo: the same sum divided by batch size x `max_tokens` (no length normalisation bias).
-    dapo: token-level mean over all tokens of the batch, clip-higher (eps_low < eps_high).
-    gspo: one ratio per sequence, exp(mean token log-ratio), clipped (use small eps, ~3e-4).
+    dapo: token-level mean over all tokens of the step, clip-higher (eps_low < eps_high).
+    gspo: one ratio per sequence, exp(mean token log-ratio), clipped (use small eps, ~3e-4);
+    its gradient is s_i·A_i·mean_t ∇log π(y_t) (GSPO paper, eq. 10), unless clipped.
     beta: coefficient of the k3 KL estimator to the reference model (0 disables the reference).
     tis_cap: truncated importance sampling cap on exp(old - rollout) when rollout log-probs come
     from another engine (vLLM); None disables it.
+    overlong_buffer, overlong_penalty: DAPO's soft overlong penalty, a reward term (not a loss
+    term; see `mars2.rewards.overlong`) over the last `overlong_buffer` tokens before the agent's
+    `max_new_tokens`, reaching -overlong_penalty at the cap; buffer 0 disables it.
     """
 
     variant: LossVariant = "grpo"
@@ -33,6 +37,8 @@ class LossConfig:
     tis_cap: float | None = 2.0
     max_tokens: int = 1024
     mask_truncated: bool = False
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         if self.variant not in ("grpo", "dr_grpo", "dapo", "gspo"):
@@ -41,6 +47,8 @@ class LossConfig:
             )
         if self.eps_low < 0 or self.eps_high < 0 or self.beta < 0:
             raise ValueError("eps_low, eps_high and beta must be >= 0")
+        if self.overlong_buffer < 0 or self.overlong_penalty < 0:
+            raise ValueError("overlong_buffer and overlong_penalty must be >= 0")
 
 
 def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
@@ -50,13 +58,20 @@ def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
 
 
 def _aggregate(
-    per_token: torch.Tensor, mask: torch.Tensor, variant: LossVariant, max_tokens: int
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    variant: LossVariant,
+    max_tokens: int,
+    num_sequences: float | None,
+    num_tokens: float | None,
 ) -> torch.Tensor:
+    sequences = float(mask.shape[0]) if num_sequences is None else num_sequences
     if variant == "grpo" or variant == "gspo":
-        return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+        return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum() / max(sequences, 1)
     if variant == "dapo":
-        return (per_token * mask).sum() / mask.sum().clamp(min=1)
-    return (per_token * mask).sum() / (mask.shape[0] * max_tokens)  # dr_grpo
+        tokens = mask.sum() if num_tokens is None else torch.tensor(num_tokens)
+        return (per_token * mask).sum() / tokens.clamp(min=1)
+    return (per_token * mask).sum() / (max(sequences, 1) * max_tokens)  # dr_grpo
 
 
 def policy_loss(
@@ -67,28 +82,37 @@ def policy_loss(
     config: LossConfig,
     ref_logprobs: torch.Tensor | None = None,
     rollout_logprobs: torch.Tensor | None = None,
+    num_sequences: float | None = None,
+    num_tokens: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The loss to minimise and detached metrics (kl, clip_fraction, ratio)."""
+    """The loss to minimise and detached metrics (kl, clip_fraction, ratio).
+
+    `num_sequences` and `num_tokens` are the sizes of the whole optimizer step (all micro-batches,
+    all ranks; default: this batch). With them the step's loss, and so its gradient, is the sum of
+    the micro-batch losses whatever the micro-batch size.
+    """
     mask = mask.to(logprobs.dtype)
     adv = advantages.unsqueeze(-1)
     log_ratio = logprobs - old_logprobs
     if config.variant == "gspo":
         seq_log_ratio = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        # token-level gradient, sequence-level value: s_i · lp / sg(lp) per token
-        log_ratio = seq_log_ratio.unsqueeze(-1) + logprobs - logprobs.detach()
+        # GSPO-token form: value s_i, gradient sg(s_i)·∇lp_t per token. Without the detach every
+        # token would also carry s_i·∇(mean lp), doubling the sequence's gradient.
+        log_ratio = seq_log_ratio.detach().unsqueeze(-1) + logprobs - logprobs.detach()
     ratio = torch.exp(log_ratio)
     clipped = torch.clamp(ratio, 1.0 - config.eps_low, 1.0 + config.eps_high)
     per_token = -torch.minimum(ratio * adv, clipped * adv)
     if rollout_logprobs is not None and config.tis_cap is not None:
         weight = torch.exp(old_logprobs - rollout_logprobs).clamp(max=config.tis_cap).detach()
         per_token = per_token * weight
-    loss = _aggregate(per_token, mask, config.variant, config.max_tokens)
+    sizes = (config.max_tokens, num_sequences, num_tokens)
+    loss = _aggregate(per_token, mask, config.variant, *sizes)
     metrics: dict[str, torch.Tensor] = {}
     if config.beta > 0:
         if ref_logprobs is None:
             raise ValueError("beta > 0 needs reference log-probs")
         kl = k3_kl(logprobs, ref_logprobs)
-        loss = loss + config.beta * _aggregate(kl, mask, config.variant, config.max_tokens)
+        loss = loss + config.beta * _aggregate(kl, mask, config.variant, *sizes)
         metrics["kl"] = ((kl * mask).sum() / mask.sum().clamp(min=1)).detach()
     with torch.no_grad():
         was_clipped = ((ratio - clipped).abs() > 1e-8).to(mask.dtype)

@@ -84,8 +84,15 @@ class RolloutEngine:
         self.overlong_penalty = overlong_penalty
 
     def run(
-        self, step: int, generators: Mapping[str, Any], rank: int = 0, world: int = 1
+        self,
+        step: int,
+        generators: Mapping[str, Any],
+        rank: int = 0,
+        world: int = 1,
+        overlong: Mapping[str, Any] | None = None,
     ) -> StepData:
+        """Grow, score and route the step's trees. `overlong[agent]`, a callable of the completion
+        length in tokens (e.g. `mars2.rewards.overlong.OverlongPenalty`), adds a reward term."""
         problems = self.schedule.for_step(step, rank, world)
         seed = [self.schedule.seed, step, rank]
         torch.manual_seed(
@@ -96,11 +103,13 @@ class RolloutEngine:
             problems, generators, self.grader, np.random.default_rng(seed), step=step
         )
         elapsed = time.perf_counter() - began
-        if self.overlong_penalty:
-            for tree in trees:
-                for node in tree.answers():
-                    if node.truncated:
-                        node.reward = max(0.0, node.reward - self.overlong_penalty)
+        for tree in trees:
+            for node in tree.answers():
+                if self.overlong_penalty and node.truncated:
+                    node.reward -= self.overlong_penalty  # may go negative, like DAPO's
+                term = (overlong or {}).get(node.agent or "")
+                if term is not None:
+                    node.reward += term(len(node.completion.token_ids))
         samples = route_samples(trees, generators.keys(), self.advantages)
         return StepData(step, trees, samples, self._metrics(trees, samples, elapsed))
 

@@ -9,7 +9,7 @@ import lightning.pytorch as pl
 import torch
 
 from mars2.training.agent_module import AgentModule, optimise_agent
-from mars2.training.distributed import average_gradients, global_counts
+from mars2.training.distributed import global_counts, sum_gradients
 from mars2.training.members import next_batch
 
 
@@ -17,7 +17,8 @@ class MultiAgentModule(pl.LightningModule):
     """One Lightning Trainer drives this module; it holds the agents and steps each one separately.
 
     Manual optimisation: for every agent with samples this step (on any rank) its own optimizer
-    takes one step on its own micro-batches; an agent with none is left exactly as it was.
+    takes its steps on its own micro-batches (``optim.ppo_epochs`` x ``optim.mini_batches`` per
+    rollout); an agent with none is left exactly as it was.
     """
 
     def __init__(self, agents: Mapping[str, AgentModule]) -> None:
@@ -71,7 +72,8 @@ class MultiAgentModule(pl.LightningModule):
                 batch["agents"].get(name, []),
                 self.manual_backward,
                 local[index],
-                sync_gradients=lambda a, i=index: average_gradients(a.policy, local[i], total[i]),
+                sync_gradients=lambda a: sum_gradients(a.policy),
+                global_sizes=lambda sizes: global_counts(sizes, self.device),
             )
             logged[f"{name}/stepped"] = 1.0
             logged.update({f"{name}/{key}": value for key, value in metrics.items()})
