@@ -79,8 +79,12 @@ class PipelinedDriver:
         rng: np.random.Generator,
         step: int | None = None,
         clock: Clock = "wall",
+        services: Services | None = None,
     ) -> tuple[list[SearchTree], PipelineReport]:
-        """Grow every tree to its budget; return the trees and what the run measured."""
+        """Grow every tree to its budget; return the trees and what the run measured.
+
+        `services` replaces the runtime that `clock` picks (e.g. to script the arrival order).
+        """
         if not generators:
             raise ValueError("a search needs at least one generator")
         if clock not in ("wall", "virtual"):
@@ -93,11 +97,12 @@ class PipelinedDriver:
         self._flying = [0] * len(self._trees)
         self._next_id = 0
         self._bookkeeping = 0.0
-        services: Services = (
-            VirtualServices(generators, grader)
-            if clock == "virtual"
-            else WallServices(generators, grader)
-        )
+        if services is None:
+            services = (
+                VirtualServices(generators, grader)
+                if clock == "virtual"
+                else WallServices(generators, grader)
+            )
         arrivals = 0
         try:
             began = time.perf_counter()
