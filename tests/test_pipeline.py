@@ -388,3 +388,21 @@ def test_wall_time_is_measured_not_assumed() -> None:
     )
     assert search.timings.busy["a"] >= 0.04  # two sequential calls of 20 ms each
     assert search.timings.span >= search.timings.busy["a"]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_virtual_clock_times_generators_without_a_latency_model(seed: int) -> None:
+    # Real generators have no latency model: they are timed as batch engines at a nominal token
+    # time (many equal and near-equal event times: float ties must not stall or reorder time).
+    team = {
+        name: SimulatedAgent(0.2, seed=seed + i, lengths=AnswerLengths(median=30, sigma=1.0))
+        for i, name in enumerate(("a", "b"))
+    }
+    driver = _driver(max_nodes=8, in_flight=3)
+    grader = CountingGrader()
+    trees, report = driver.grow(
+        simulated_problems(20), team, grader, np.random.default_rng(seed), clock="virtual"
+    )
+    assert all(len(t) == 8 for t in trees)
+    _check_trees(trees, driver, grader)
+    assert report.usage.busy["a"] <= report.usage.span + 1e-9

@@ -156,7 +156,7 @@ class EngineRun(Generic[T]):
         """When the next sequence (batch engine: the whole batch) finishes, or None if idle."""
         if not self.active:
             return None
-        return self.time + (self._next_end() - self.steps) * self._step_seconds()
+        return self.time + max(0.0, self._next_end() - self.steps) * self._step_seconds()
 
     def _next_end(self) -> float:
         if self.model.continuous:
@@ -165,14 +165,12 @@ class EngineRun(Generic[T]):
 
     def advance(self, until: float) -> None:
         """Move the clock to `until` (not past the next finish)."""
-        elapsed = until - self.time
-        if elapsed < 0:
-            raise ValueError("time does not run backwards")
+        elapsed = _elapsed(self.time, until)
         if self.active:
             self.steps += elapsed / self._step_seconds()
             self.busy_seconds += elapsed
             self.slot_seconds += elapsed * self._admitted
-        self.time = until
+        self.time = max(self.time, until)
 
     def finish_next(self) -> list[T]:
         """Advance to the next finish and return what finished (a batch engine: the whole batch)."""
@@ -236,13 +234,11 @@ class PoolRun(Generic[T]):
         return self.running[0][0] if self.running else None
 
     def advance(self, until: float) -> None:
-        elapsed = until - self.time
-        if elapsed < 0:
-            raise ValueError("time does not run backwards")
+        elapsed = _elapsed(self.time, until)
         if self.running:
             self.busy_seconds += elapsed
             self.slot_seconds += elapsed * self._admitted
-        self.time = until
+        self.time = max(self.time, until)
 
     def finish_next(self) -> list[T]:
         when = self.next_time()
@@ -250,7 +246,15 @@ class PoolRun(Generic[T]):
             return []
         self.advance(when)
         done: list[T] = []
-        while self.running and self.running[0][0] <= self.time:
+        while self.running and self.running[0][0] <= when:
             done.append(heapq.heappop(self.running)[2])
         self._admitted -= len(done)
         return done
+
+
+def _elapsed(now: float, until: float) -> float:
+    """Seconds from `now` to `until`; a rounding error's worth in the past counts as no time."""
+    elapsed = until - now
+    if elapsed < -1e-9 * max(1.0, abs(now)):
+        raise ValueError("time does not run backwards")
+    return max(0.0, elapsed)
