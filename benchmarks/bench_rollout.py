@@ -116,6 +116,11 @@ def run_tiny(trees: int, nodes: int, width: int, seed: int) -> dict[str, dict[st
             problems = datamodule.engine.schedule.problems[:trees]
             import torch
 
+            # One intra-op thread each: on a shared 2-core machine, OpenMP teams spinning against
+            # each other would time the thread pool, not the drivers.
+            torch.set_num_threads(1)
+            for generator in generators.values():  # first-call costs out of every timed run
+                generator.generate([[{"role": "user", "content": problems[0].statement}]])
             results: dict[str, dict[str, Any]] = {}
             for scheme, overrides in SCHEMES.items():
                 config = SearchConfig(
