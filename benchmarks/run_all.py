@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_grpo_step
 import bench_overhead
+import bench_rollout
 import bench_sandbox
 import bench_search
 
@@ -57,6 +58,7 @@ def main() -> None:
                  f"{overhead['overhead']:.3f} s of {overhead['wall']:.3f} s", f"{overhead['overhead_share']:.1%}", "< 10%",
                  f"generation {overhead['generation']:.2f} s, sandbox {overhead['grading']:.2f} s, "
                  f"forward/backward {overhead['forward_backward']:.2f} s"))  # fmt: skip
+    rows.extend(rollout_rows())
 
     lines = [
         "# Benchmark results",
@@ -71,6 +73,30 @@ def main() -> None:
     ]
     args.out.write_text("\n".join(lines))
     print("\n".join(lines))
+
+
+def rollout_rows() -> list[tuple[str, ...]]:
+    """Pipelined vs rounds vs one expansion per tree: simulated at 64x16, then the tiny agents."""
+    rows = []
+    for label, result in (
+        ("rollout: 64 simulated trees x 16 nodes, 2 agents (one 2x slower), virtual clock",
+         bench_rollout.run_simulated(64, 16, 4, seed=0)),
+        ("rollout: tiny agents, transformers on CPU, local sandbox, 8 trees x 6 nodes, wall clock",
+         bench_rollout.run_tiny(8, 6, 3, seed=0)),
+    ):  # fmt: skip
+        piped, rounds = result["pipelined"], result["rounds"]
+        single = result["one per tree (MARTI-style)"]
+        busy = ", ".join(f"{k} {v:.0%}" for k, v in piped["busy"].items() if k != "sandbox")
+        rows.append((label, "rounds driver; one expansion per tree at a time (MARTI-style)",
+                     f"{piped['nodes_per_s']:.3f} vs {rounds['nodes_per_s']:.3f} vs {single['nodes_per_s']:.3f} nodes/s",
+                     f"{piped['nodes_per_s'] / rounds['nodes_per_s']:.2f}x rounds, "
+                     f"{piped['nodes_per_s'] / single['nodes_per_s']:.2f}x one-per-tree",
+                     ">= 1.5x rounds, >= 3x one-per-tree, generator busy >= 90%",
+                     f"generator busy {piped['generator_busy']:.0%} pipelined ({busy}) vs "
+                     f"{rounds['generator_busy']:.0%} rounds, {single['generator_busy']:.0%} one-per-tree; "
+                     f"sandbox busy {piped['busy']['sandbox']:.0%} pipelined; "
+                     f"solve rate {piped['solve_rate']:.3f} / {rounds['solve_rate']:.3f} / {single['solve_rate']:.3f}"))  # fmt: skip
+    return rows
 
 
 if __name__ == "__main__":

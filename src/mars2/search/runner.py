@@ -4,7 +4,8 @@ Each round picks up to `expansions_per_round` (node, agent) pairs per unfinished
 agent its whole batch of prompts in one call (vLLM is only fast with large batches), grades all
 completions in one sandbox batch, then attaches and backpropagates the new nodes. The same driver
 runs the baselines: ``mode="independent"`` is vanilla GRPO (G fresh samples per problem, no tree),
-and a team of one agent is a single-agent tree.
+and a team of one agent is a single-agent tree. ``driver="pipelined"`` hands the same search to
+`mars2.search.pipeline`, where expansions flow without rounds.
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ import numpy as np
 from mars2.data.problem import Problem
 from mars2.generation.base import Generator, Messages
 from mars2.sandbox.grader import Grade
+from mars2.search.pipeline import Clock, PipelinedDriver
 from mars2.search.policy import AgentStatistics, PolicyConfig, ThompsonPolicy, TreeStats
 from mars2.search.prompts import PromptBuilder
+from mars2.search.services import SANDBOX
 from mars2.search.tree import ROOT_ID, SearchTree
 
 SearchMode = Literal["tree", "independent"]
+Driver = Literal["rounds", "pipelined"]
 
 
 class GraderLike(Protocol):
@@ -38,26 +42,41 @@ class SearchConfig:
 
     mode: SearchMode = "tree"
     max_nodes: int = 8
-    expansions_per_round: int = 4
+    expansions_per_round: int = 4  # pipelined: expansions in flight per tree
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    driver: Driver = "rounds"
+    clock: Clock = "wall"  # pipelined only: "virtual" replays exactly (see search/pipeline.py)
 
     def __post_init__(self) -> None:
         if self.mode not in ("tree", "independent"):
             raise ValueError(f"unknown search mode {self.mode!r}: use 'tree' or 'independent'")
+        if self.driver not in ("rounds", "pipelined"):
+            raise ValueError(f"unknown driver {self.driver!r}: use 'rounds' or 'pipelined'")
+        if self.clock not in ("wall", "virtual"):
+            raise ValueError(f"unknown clock {self.clock!r}: use 'wall' or 'virtual'")
         if self.max_nodes < 1 or self.expansions_per_round < 1:
             raise ValueError("max_nodes and expansions_per_round must be >= 1")
 
 
 @dataclass
 class SearchTimings:
-    """Where a `grow` call spent its wall time, in seconds."""
+    """Where a `grow` call spent its wall time, in seconds.
+
+    `busy` holds each service's working seconds (generators by agent name, the grader as
+    "sandbox") out of `span`, on the driver's clock (`clock`: virtual seconds for a pipelined run
+    on the virtual clock). Pipelined, generation and grading overlap: `generation` is then the
+    busiest generator's time and `grading` the sandbox's.
+    """
 
     generation: float = 0.0
     grading: float = 0.0
     bookkeeping: float = 0.0
     rounds: int = 0
+    span: float = 0.0
+    busy: dict[str, float] = field(default_factory=dict)
+    clock: str = "wall"
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -96,10 +115,13 @@ class TreeSearch:
         """Grow a tree for every problem until each reaches `max_nodes` (or cannot widen)."""
         if not generators:
             raise ValueError("a search needs at least one generator")
+        if self.config.driver == "pipelined":
+            return self._grow_pipelined(problems, generators, grader, rng, step)
         agents = list(generators)
         trees = [SearchTree.new(p) for p in problems]
         stats = [TreeStats(t) for t in trees]
         self.timings = SearchTimings()
+        started = time.perf_counter()
         while True:
             began = time.perf_counter()
             batch = self._plan_round(trees, stats, agents, rng)
@@ -108,6 +130,35 @@ class TreeSearch:
                 break
             self._run_round(batch, trees, stats, generators, grader, step)
             self.timings.rounds += 1
+        self.timings.span = time.perf_counter() - started
+        return trees
+
+    def _grow_pipelined(
+        self,
+        problems: Sequence[Problem],
+        generators: Mapping[str, Generator],
+        grader: GraderLike,
+        rng: np.random.Generator,
+        step: int | None,
+    ) -> list[SearchTree]:
+        driver = PipelinedDriver(
+            self.policy,
+            self.prompts,
+            self.config.max_nodes,
+            self.config.expansions_per_round,
+            independent=self.config.mode == "independent",
+            agent_statistics=self.agent_statistics,
+        )
+        trees, report = driver.grow(problems, generators, grader, rng, step, self.config.clock)
+        busy = report.usage.busy
+        self.timings = SearchTimings(
+            generation=max((busy.get(a, 0.0) for a in generators), default=0.0),
+            grading=busy.get(SANDBOX, 0.0),
+            bookkeeping=report.bookkeeping,
+            span=report.usage.span,
+            busy=dict(busy),
+            clock=report.usage.clock,
+        )
         return trees
 
     def _plan_round(
@@ -157,7 +208,11 @@ class TreeSearch:
             slots = [i for i, e in enumerate(batch) if e.agent == agent]
             if not slots:
                 continue
+            called = time.perf_counter()
             outputs = generator.generate([batch[i].messages for i in slots])
+            self.timings.busy[agent] = self.timings.busy.get(agent, 0.0) + (
+                time.perf_counter() - called
+            )
             if len(outputs) != len(slots):
                 raise RuntimeError(
                     f"generator {agent!r} returned {len(outputs)} completions for {len(slots)} prompts"
@@ -171,6 +226,9 @@ class TreeSearch:
             [(trees[e.tree].problem, c.text) for e, c in zip(batch, completions, strict=True)]
         )
         self.timings.grading += time.perf_counter() - began
+        self.timings.busy[SANDBOX] = self.timings.busy.get(SANDBOX, 0.0) + (
+            time.perf_counter() - began
+        )
 
         began = time.perf_counter()
         for expansion, completion, grade in zip(batch, completions, grades, strict=True):

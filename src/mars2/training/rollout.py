@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +14,7 @@ from mars2.data.problem import Problem
 from mars2.rewards.routing import AdvantageConfig, Sample, route_samples
 from mars2.search.policy import AgentStatistics
 from mars2.search.runner import GraderLike, TreeSearch
+from mars2.search.services import SANDBOX
 from mars2.search.tree import SearchTree
 
 
@@ -128,6 +129,7 @@ class RolloutEngine:
             "search_bookkeeping_seconds": self.search.timings.bookkeeping,
             "trained_samples": float(sum(len(v) for v in samples.values())),
         }
+        metrics.update(service_usage(self.search.timings.busy, self.search.timings.span, samples))
         tokens = sum(len(n.completion.token_ids) for n in nodes)
         metrics["generated_tokens_per_second"] = tokens / max(self.search.timings.generation, 1e-9)
         for name in samples:
@@ -140,3 +142,26 @@ class RolloutEngine:
                 float(np.mean([n.private_passed for n in mine])) if mine else 0.0
             )
         return metrics
+
+
+def service_usage(
+    busy: Mapping[str, float], span: float, agents: Iterable[str]
+) -> dict[str, float]:
+    """Busy/idle seconds and busy fraction of each generator and the sandbox over the rollout.
+
+    Keys: ``<agent>/generator_busy{,_seconds}``, ``<agent>/generator_idle_seconds``,
+    ``sandbox_busy{,_seconds}``, ``sandbox_idle_seconds`` and ``generator_busy`` (the agents' mean).
+    """
+    span = max(span, 1e-9)
+    metrics: dict[str, float] = {}
+    fractions = []
+    for who in [*agents, SANDBOX]:
+        seconds = float(busy.get(who, 0.0))
+        prefix = "sandbox" if who == SANDBOX else f"{who}/generator"
+        metrics[f"{prefix}_busy_seconds"] = seconds
+        metrics[f"{prefix}_idle_seconds"] = max(0.0, span - seconds)
+        metrics[f"{prefix}_busy"] = min(1.0, seconds / span)
+        if who != SANDBOX:
+            fractions.append(metrics[f"{prefix}_busy"])
+    metrics["generator_busy"] = float(np.mean(fractions)) if fractions else 0.0
+    return metrics

@@ -80,7 +80,8 @@ class MultiAgentModule(pl.LightningModule):
         self._count_step()
         for key, value in batch.get("metrics", {}).items():
             logged[key] = float(value)
-        shown: dict[str, Any] = {k: logged[k] for k in ("reward", "solve_rate") if k in logged}
+        bar = ("reward", "solve_rate", "generator_busy", "sandbox_busy")
+        shown: dict[str, Any] = {k: logged[k] for k in bar if k in logged}
         self.log_dict(shown, prog_bar=True, batch_size=1)
         self.log_dict({k: v for k, v in logged.items() if k not in shown}, batch_size=1)
 
