@@ -10,17 +10,22 @@ from __future__ import annotations
 import builtins
 import io
 import json
-import math
 import os
 import signal
 import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from decimal import Decimal, InvalidOperation
 from json.encoder import encode_basestring_ascii as _quote
 from types import CodeType
 from typing import Any
+
+try:  # inside the mars2 package; E2B ships compare.py and prelude.py next to this file
+    from mars2.sandbox.compare import clip, compare_stdout
+    from mars2.sandbox.compare import call_values_equal as compare_call
+except ImportError:
+    from compare import clip, compare_stdout  # type: ignore[no-redef]
+    from compare import call_values_equal as compare_call  # type: ignore[no-redef]
 
 PASSED = "passed"
 WRONG_ANSWER = "wrong_answer"
@@ -43,52 +48,7 @@ class _OutputLimit(BaseException):
 
 
 def _clip(text: str, cap: int = TEXT_CAP) -> str:
-    return text if len(text) <= cap else text[:cap] + f"... [{len(text) - cap} more chars]"
-
-
-# --- comparison (LiveCodeBench semantics) ----------------------------------------------------
-
-
-def _numeric_tokens(line: str) -> list[Decimal] | None:
-    try:
-        return [Decimal(tok) for tok in line.split()]
-    except InvalidOperation:
-        return None
-
-
-def compare_stdout(actual: str, expected: str) -> bool:
-    """Whitespace-stripped lines must match; a mismatching line may still match as numbers."""
-    got = [line.strip() for line in actual.strip().split("\n")]
-    want = [line.strip() for line in expected.strip().split("\n")]
-    if len(got) != len(want):
-        return False
-    for a, b in zip(got, want):
-        if a == b:
-            continue
-        na, nb = _numeric_tokens(a), _numeric_tokens(b)
-        if na is None or nb is None or len(na) != len(nb) or na != nb:
-            return False
-    return True
-
-
-def _normalise(value: Any) -> Any:
-    if isinstance(value, (tuple, list)):
-        return [_normalise(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _normalise(v) for k, v in value.items()}
-    return value
-
-
-def compare_call(actual: Any, expected: Any) -> bool:
-    """`==` after turning tuples into lists; floats within 1e-9; a one-item list wraps tolerated."""
-    a, b = _normalise(actual), _normalise(expected)
-    if a == b:
-        return True
-    if isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
-        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
-    if isinstance(b, list) and len(b) == 1 and a == b[0]:
-        return True
-    return False
+    return clip(text, cap)
 
 
 # --- result lines ----------------------------------------------------------------------------
