@@ -36,6 +36,7 @@ class Job:
     per_test_timeout: float | None = None
     job_timeout: float | None = None
     early_stop: bool = False
+    profile: str = "lenient"  # grading profile, see mars2.sandbox.compare
 
     def payload(self, defaults: dict[str, Any]) -> dict[str, Any]:
         """The JSON-ready form a worker reads, with the sandbox's defaults filled in."""
@@ -47,6 +48,7 @@ class Job:
             "per_test_timeout": self.per_test_timeout or defaults["per_test_timeout"],
             "job_timeout": self.job_timeout or defaults["job_timeout"],
             "early_stop": self.early_stop,
+            "profile": self.profile,
             "output_limit": defaults["output_limit"],
         }
 
