@@ -23,6 +23,9 @@ class Verdict(str, Enum):
     OUTPUT_LIMIT = harness.OUTPUT_LIMIT
     COMPILE_ERROR = harness.COMPILE_ERROR
     SKIPPED = harness.SKIPPED
+    # The wall-clock safety net tripped while the answer was starved of CPU by other load, even
+    # after a retry: says nothing about the answer (never a failing verdict of its own).
+    OVERLOADED = harness.OVERLOADED
 
 
 @dataclass(frozen=True)
