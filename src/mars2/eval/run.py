@@ -110,7 +110,14 @@ def evaluate(cfg: DictConfig) -> list[Summary]:
     )
     sandbox = hydra.utils.instantiate(cfg.sandbox, _convert_="all")
     try:
-        grader = Grader(sandbox, reward=cfg.grader.reward)
+        # Metric verdicts on all tests; evaluate_tree gives the search only the public view.
+        grader = Grader(
+            sandbox,
+            reward=cfg.grader.reward,
+            early_stop=cfg.grader.early_stop,
+            reward_tests="all",
+            profile=cfg.grader.get("profile"),
+        )
         summaries = run_evaluation(
             problems, generators, grader, search_config, cfg.eval.samples, out, cfg.seed
         )

@@ -1,5 +1,9 @@
 """Evaluation runs: Pass@k from independent samples, Pass@1(MCTS) and Pass@N from grown trees.
 
+The search never sees a private test: its rewards, its refine gate and its refine prompts come from
+a grader that runs the public tests only. Every metric's verdict comes from the full grader (public
+and private tests, as LiveCodeBench grades), applied to the answers once they exist.
+
 Results are appended per problem to a jsonl file as they finish, so an interrupted run continues
 where it stopped without regrading finished problems.
 """
@@ -20,6 +24,35 @@ from mars2.eval.passk import pass_at_k
 from mars2.search.prompts import PromptBuilder
 from mars2.search.runner import GraderLike, SearchConfig, TreeSearch
 from mars2.search.tree import Node, SearchTree, save_trees
+
+
+def _require_full(grader: GraderLike) -> None:
+    if getattr(grader, "reward_tests", "all") != "all":
+        raise ValueError("metric verdicts need a grader on all tests (reward_tests='all')")
+
+
+def search_view(grader: GraderLike) -> GraderLike:
+    """What the search may use: the grader's public-tests-only view.
+
+    A grader without one (the simulated grader, which has no hidden tests) is used as it is.
+    """
+    view = getattr(grader, "public_view", None)
+    return view() if callable(view) else grader
+
+
+def final_verdicts(tree: SearchTree, grader: GraderLike) -> dict[int, bool]:
+    """Node id -> passed on the full test set, each distinct completion graded once."""
+    _require_full(grader)
+    by_text: dict[str, list[int]] = {}
+    for node in tree.answers():
+        by_text.setdefault(node.completion, []).append(node.id)
+    texts = list(by_text)
+    grades = grader.grade([(tree.problem, text) for text in texts]) if texts else []
+    verdicts: dict[int, bool] = {}
+    for text, grade in zip(texts, grades, strict=True):
+        for node_id in by_text[text]:
+            verdicts[node_id] = grade.private_passed
+    return verdicts
 
 
 def best_public_node(tree: SearchTree) -> Node | None:
@@ -73,7 +106,8 @@ def evaluate_sampling(
     chunk: int = 16,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> None:
-    """n independent samples per problem; stores the number that pass the private tests."""
+    """n independent samples per problem; stores the number that pass all tests (public+private)."""
+    _require_full(grader)
     prompts = prompts or PromptBuilder()
     todo = [p for p in problems if not store.done(p.id)]
     for start in range(0, len(todo), chunk):
@@ -105,22 +139,32 @@ def evaluate_tree(
     trees_path: str | Path | None = None,
     prompts: PromptBuilder | None = None,
     chunk: int = 8,
+    search_grader: GraderLike | None = None,
 ) -> None:
-    """Grow a tree per problem; stores whether the best-public node and any node pass privately."""
+    """Grow a tree per problem on public tests only, then judge its answers on all tests.
+
+    `grader` gives the metric verdicts (all tests); the search uses `search_grader`, by default
+    `grader`'s public-only view. Stores whether the best-public node passes (Pass@1(MCTS)) and
+    whether any node passes (Pass@N).
+    """
+    _require_full(grader)
     search = TreeSearch(config, prompts)
+    searcher = search_grader if search_grader is not None else search_view(grader)
     todo = [p for p in problems if not store.done(p.id)]
     for start in range(0, len(todo), chunk):
         part = todo[start : start + chunk]
-        trees = search.grow(part, generators, grader, np.random.default_rng([rng_seed, start]))
+        trees = search.grow(part, generators, searcher, np.random.default_rng([rng_seed, start]))
         if trees_path is not None:
             save_trees(trees, Path(trees_path) / f"trees_{start:05d}.jsonl")
         for problem, tree in zip(part, trees, strict=True):
             chosen = best_public_node(tree)
+            verdicts = final_verdicts(tree, grader)
             store.add(
                 {
                     **_metadata(problem),
-                    "mcts_pass": bool(chosen is not None and chosen.private_passed),
-                    "any_pass": tree.solved,
+                    "mcts_pass": bool(chosen is not None and verdicts[chosen.id]),
+                    "any_pass": any(verdicts.values()),
+                    "search_solved": tree.solved,
                     "nodes": len(tree),
                     "agents": {
                         name: sum(n.agent == name for n in tree.answers()) for name in generators

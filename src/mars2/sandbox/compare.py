@@ -49,14 +49,14 @@ class Profile:
     """What a grading profile asks of the harness, besides its comparison rules."""
 
     __slots__ = (
+        "call_exit_is_error",
+        "exit_status_matters",
+        "int_max_str_digits",
+        "job_time_cap",
         "name",
         "prelude",
         "recursion_limit",
-        "int_max_str_digits",
-        "exit_status_matters",
-        "call_exit_is_error",
         "solution_rule",
-        "job_time_cap",
     )
 
     def __init__(
@@ -147,7 +147,7 @@ def compare_stdout(actual: str, expected: str, profile: str = DEFAULT_PROFILE) -
 class Opaque:
     """A returned value with no data form (an object, a function...): equal to nothing."""
 
-    __slots__ = ("type_name", "text")
+    __slots__ = ("text", "type_name")
 
     def __init__(self, type_name: str, text: str) -> None:
         self.type_name = type_name
@@ -313,10 +313,10 @@ def find_callable(
         method = getattr(solution_cls(), fn_name, None)
         if method is None:
             raise NameError(f"class Solution has no method {fn_name!r}")
-        return method  # type: ignore[no-any-return]
+        return method
     if rule == "lenient" and isinstance(solution_cls, type) and hasattr(solution_cls, fn_name):
-        return getattr(solution_cls(), fn_name)  # type: ignore[no-any-return]
+        return getattr(solution_cls(), fn_name)
     fn = namespace.get(fn_name)
     if callable(fn):
-        return fn  # type: ignore[no-any-return]
+        return fn
     raise NameError(f"no function or Solution method named {fn_name!r}")

@@ -88,7 +88,13 @@ def build_run(cfg: DictConfig) -> tuple[Any, TreeSearchDataModule, pl.Trainer, A
         run_warm_start(cfg, agents)
     module: Any = MultiAgentModule(agents)
     sandbox = hydra.utils.instantiate(cfg.sandbox, _convert_="all")
-    grader = Grader(sandbox, reward=cfg.grader.reward, early_stop=cfg.grader.early_stop)
+    grader = Grader(
+        sandbox,
+        reward=cfg.grader.reward,
+        early_stop=cfg.grader.early_stop,
+        reward_tests=cfg.grader.get("reward_tests", "all"),
+        profile=cfg.grader.get("profile"),
+    )
     problems = hydra.utils.instantiate(cfg.data.train, _convert_="all")
     search = hydra.utils.instantiate(cfg.search, _convert_="all")
     engine = RolloutEngine(
