@@ -293,7 +293,11 @@ class Executor:
             os.chmod(self.workdir, 0o700)
             if self.private_tmp:
                 for name in os.listdir("/dev/shm"):
-                    remove_tree(os.path.join("/dev/shm", name))
+                    path = os.path.join("/dev/shm", name)
+                    if os.path.isdir(path) and not os.path.islink(path):
+                        remove_tree(path)
+                    else:
+                        os.unlink(path)
             if not os.listdir(self.workdir):
                 return
         except OSError:
