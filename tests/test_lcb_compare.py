@@ -98,6 +98,22 @@ def test_compare_call_rejects_expected_output_that_is_not_json() -> None:
         compare_call(1, "[1,", "lcb")
 
 
+def test_long_expected_integers_parse_up_to_the_profile_limit() -> None:
+    big = 10**20000 + 7  # past the interpreter's default 4300 digits, under LCB's 50000
+    text = "[" + str(big) + "]" if sys.get_int_max_str_digits() == 0 else None
+    if text is None:
+        before = sys.get_int_max_str_digits()
+        sys.set_int_max_str_digits(0)
+        try:
+            text = "[" + str(big) + "]"
+        finally:
+            sys.set_int_max_str_digits(before)
+    assert compare_call(encode_value([big]), text, "lcb")
+    assert not compare_call(encode_value([big + 1]), text, "lcb")
+    with pytest.raises(ValueError):
+        compare_call(encode_value(1), "1" * 60000, "lcb")  # beyond LCB's limit too
+
+
 def test_stdout_rule_is_lcb_in_both_profiles() -> None:
     for profile in ("lcb", "lenient"):
         assert compare_stdout("  3 \n\n", "3\n", profile)
@@ -162,7 +178,7 @@ def test_profiles() -> None:
     lcb, lenient = get_profile("lcb"), get_profile("lenient")
     assert (lcb.recursion_limit, lcb.int_max_str_digits, lcb.exit_status_matters) == (
         50000,
-        4300,
+        50000,
         False,
     )
     assert lenient.exit_status_matters and lenient.prelude == ""

@@ -38,6 +38,8 @@ except ImportError:  # shipped as loose files next to the harness (E2B)
 PROFILE_NAMES = ("lenient", "lcb")
 DEFAULT_PROFILE = "lenient"
 _ENCODE_DEPTH = 500  # deeper (or self-containing) values are encoded as opaque
+LCB_INT_DIGITS = 50000  # LiveCodeBench's sys.set_int_max_str_digits
+_SHORT_INT = 4000  # digit strings this short convert under any interpreter's digit limit
 
 
 def clip(text: str, cap: int) -> str:
@@ -93,11 +95,15 @@ class Profile:
 _PROFILES = {
     # 10000 was the harness's floor before profiles existed; the interpreter's digit limit stays.
     "lenient": Profile("lenient", 10000, None, exit_status_matters=True, job_time_cap=True),
-    # LiveCodeBench: its prelude sets 50000; it runs under CPython 3.11's default digit limit
-    # (4300); its stdin runner swallows SystemExit whatever the code; its only whole-answer bound
-    # grows with the number of tests.
+    # LiveCodeBench: its prelude sets the recursion limit to 50000 and its grading module the
+    # int/str digit limit to 50000 (inherited by the processes that run answers); its stdin runner
+    # swallows SystemExit whatever the code; its only whole-answer bound grows with the tests.
     "lcb": Profile(
-        "lcb", _prelude.LCB_RECURSION_LIMIT, 4300, exit_status_matters=False, job_time_cap=False
+        "lcb",
+        _prelude.LCB_RECURSION_LIMIT,
+        LCB_INT_DIGITS,
+        exit_status_matters=False,
+        job_time_cap=False,
     ),
 }
 
@@ -287,8 +293,18 @@ def compare_call(actual: Any, expected: str, profile: str = DEFAULT_PROFILE) -> 
 
     ValueError when `expected` is not JSON (a broken dataset row, not a wrong answer).
     """
+    limit = get_profile(profile).int_max_str_digits
+
+    def parse_int(text: str) -> int:
+        # The judge's process keeps the interpreter's digit limit; the profile's is what counts.
+        if len(text) <= _SHORT_INT or limit is None:
+            return int(text)
+        if len(text.lstrip("-")) > limit:
+            raise ValueError(f"an integer of {len(text)} digits exceeds the limit {limit}")
+        return int(Decimal(text))
+
     try:
-        want = json.loads(expected)
+        want = json.loads(expected, parse_int=parse_int)
     except ValueError as err:
         raise ValueError(f"expected output is not JSON: {clip(expected, 200)!r}") from err
     return call_values_equal(decode_value(actual), want, profile)

@@ -11,24 +11,37 @@ compute_code_generation_metrics.py, utils/extraction_utils.py):
 - prelude: ``from typing/collections/math/heapq/bisect/itertools/functools/operator/... import *``
   plus the plain module names, and ``sys.setrecursionlimit(50000)``;
 - stdin: outputs stripped and split into lines, each line equal or equal as Decimal tokens; any
-  SystemExit after printing is ignored; sys.stdin is a StringIO (no .buffer), open() is mocked with
-  the input, the user's code runs as the body of a function (imports hoisted to module level);
+  SystemExit after printing is ignored; sys.stdin becomes a StringIO (no .buffer) and the real
+  stdin's read/readline/readlines are patched too; builtins.open is mocked, but the prelude's
+  `from builtins import *` already bound the real open; the user's code runs as the body of a
+  function, its imports hoisted to module level (run before stdout is captured);
 - call: ``Solution()`` (one instance for all tests) when the text "class Solution" occurs, else the
   module; a returned tuple becomes a list (top level only), then ``==`` against the JSON output;
-- limits: 6 s per test, the whole answer bounded by (6 + 1) * tests + 5 s, Python 3.11's default
-  4300-digit int/str limit, builtins.quit set to None.
+- limits: 6 s per test, the whole answer bounded by (6 + 1) * tests + 5 s, the int/str digit limit
+  raised to 50000 (compute_code_generation_metrics.py), builtins.quit set to None.
 
 ``mars2`` is given only where mars2 deliberately differs (an LCB artefact that is plainly wrong);
-``why`` says which rule decides.
+``why`` says which rule decides. scripts/lcb_side_by_side.py checks every ``lcb`` verdict against
+LiveCodeBench's own code (nvidia-livecodebench 26.3: all 67 as written).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+
+
+def _long_str(value: int) -> str:
+    before = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)
+    try:
+        return str(value)
+    finally:
+        sys.set_int_max_str_digits(before)
 
 
 def _tests(pairs: list[tuple[str, str]], kind: str) -> str:
@@ -96,13 +109,19 @@ PROBLEMS = [
         "power",
         "Print 2 to the power N.",
         [("10\n", "1024\n")],
-        [("13000\n", str(2**13000) + "\n")],  # 3914 digits: under the 4300-digit limit
+        [("13000\n", str(2**13000) + "\n"), ("30000\n", _long_str(2**30000) + "\n")],
     ),
     stdin_problem(
         "digitsum",
         "N has up to 5000 digits. Print the sum of its digits.",
         [("12345\n", "15\n")],
         [("9" * 5000 + "\n", "45000\n")],
+    ),
+    stdin_problem(
+        "hugedigits",
+        "N has up to 60000 digits. Print the sum of its digits.",
+        [("12345\n", "15\n")],
+        [("9" * 60000 + "\n", "540000\n")],
     ),
     stdin_problem(
         "long",
@@ -259,12 +278,14 @@ CANDIDATES: list[tuple[str, str, str, str, str | None, str]] = [
     ("chainLength", "limits", fence(solution(
         "def go(k):\n    return 0 if k == 0 else 1 + go(k - 1)\nreturn go(n)", "chainLength", "n")),
      "pass", None, "recursion limit 50000 from the prelude"),
-    ("digitsum", "limits", fence("n = int(input())\nprint(sum(int(c) for c in str(n)))"), "fail",
-     None, "int() of 5000 digits exceeds the 4300-digit limit"),
-    ("digitsum", "limits", fence("print(sum(map(int, input().strip())))"), "pass", None,
+    ("digitsum", "limits", fence("n = int(input())\nprint(sum(int(c) for c in str(n)))"), "pass",
+     None, "int() of 5000 digits: LCB raises the 4300-digit default to 50000"),
+    ("hugedigits", "limits", fence("n = int(input())\nprint(sum(int(c) for c in str(n)))"),
+     "fail", None, "int() of 60000 digits exceeds the 50000-digit limit"),
+    ("hugedigits", "limits", fence("print(sum(map(int, input().strip())))"), "pass", None,
      "no int conversion of the long number"),
     ("power", "limits", fence("print(2 ** int(input()))"), "pass", None,
-     "3914 digits are under the limit"),
+     "9031 digits printed: under the 50000-digit limit"),
     ("sum", "limits", fence(SUM + "import sys\nsys.exit(1)"), "pass", None,
      "stdin: SystemExit after the output is ignored, whatever its code"),
     ("sum", "limits", fence(SUM + "raise SystemExit('done')"), "pass", None,
@@ -306,8 +327,19 @@ CANDIDATES: list[tuple[str, str, str, str, str | None, str]] = [
      "fail", None, "an extra line"),
     ("tokens", "stdout", fence("import sys\ndata = sys.stdin.read().split()\n" + TOKENS_TAIL),
      "pass", None, "sys.stdin.read"),
-    ("tokens", "stdout", fence("data = open(0).read().split()\n" + TOKENS_TAIL), "pass", None,
-     "open() is mocked with the input"),
+    ("tokens", "stdout", fence("from sys import stdin\nn = int(stdin.readline())\n"
+                               "print(sum(map(int, stdin.readline().split())))"), "pass", None,
+     "the real stdin's read/readline/readlines are patched too, so a hoisted import works"),
+    ("tokens", "stdout", fence("import sys\ninput = sys.stdin.readline\nn = int(input())\n"
+                               "print(sum(map(int, input().split())))"), "pass", None,
+     "sys.stdin.readline"),
+    ("tokens", "stdout", fence("import sys\nlines = []\nwhile True:\n    line = sys.stdin.readline()\n"
+                               "    if not line:\n        break\n    lines.append(line)\n"
+                               "print(sum(map(int, lines[1].split())))"), "pass", None,
+     "readline until an empty string: the input's final newline gives one"),
+    ("sum", "stdout", fence("import sys\na, b = map(int, input().split())\nsys.stdout.write(f'{a + b}\\n')"),
+     "pass", None, "sys.stdout.write"),
+    ("sum", "stdout", fence(SUM + "exit()"), "pass", None, "exit() after the output"),
     ("tokens", "stdout", fence("import sys\ndata = []\nfor line in sys.stdin:\n"
                                "    data += line.split()\n" + TOKENS_TAIL), "pass", None,
      "iterating over sys.stdin"),
@@ -318,9 +350,14 @@ CANDIDATES: list[tuple[str, str, str, str, str | None, str]] = [
     ("tokens", "artefact", fence("import sys\ninput = sys.stdin.buffer.readline\nn = int(input())\n"
                                  "print(sum(map(int, input().split())))"), "fail", "pass",
      "LCB's sys.stdin is a StringIO without .buffer"),
-    ("tokens", "artefact", fence("from sys import stdin\nn = int(stdin.readline())\n"
-                                 "print(sum(map(int, stdin.readline().split())))"), "fail", "pass",
-     "LCB hoists imports above the patched stdin: `from sys import stdin` binds the real one"),
+    ("tokens", "artefact", fence("data = open(0).read().split()\n" + TOKENS_TAIL), "fail", "pass",
+     "LCB's prelude binds the real open (from builtins import *) before it mocks builtins.open"),
+    ("sum", "artefact", fence("from sys import stdout\na, b = map(int, input().split())\n"
+                              "stdout.write(str(a + b) + '\\n')"), "fail", "pass",
+     "LCB hoists imports: `from sys import stdout` binds the real stdout, not its capture"),
+    ("sum", "artefact", fence("def main():\n    a, b = map(int, input().split())\n    print(a + b)\n\n\n"
+                              "if __name__ == '__main__':\n    main()\nx = 1"), "fail", "pass",
+     "LCB only unwraps a __main__ guard that is the last statement; elsewhere __name__ is not __main__"),
     ("tokens", "artefact", fence("import os\ndata = os.read(0, 1 << 20).split()\n" + TOKENS_TAIL),
      "fail", "pass", "LCB never puts the input on file descriptor 0"),
     ("sum", "artefact", fence("total = 0\n\n\ndef add(x):\n    global total\n    total += x\n\n\n"
