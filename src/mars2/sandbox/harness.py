@@ -83,10 +83,17 @@ def encode_result(result: dict[str, Any]) -> str:
 
 
 def _json_value(value: Any) -> str:
-    if type(value) is str:
+    kind = type(value)
+    if kind is str:
         return _quote(value)
-    if type(value) is int or (type(value) is float and value - value == 0.0):  # finite floats
+    if kind is int or (kind is float and value - value == 0.0):  # finite floats
         return repr(value)
+    if value is None or kind is bool:
+        return "null" if value is None else ("true" if value else "false")
+    if kind is list:
+        return "[" + ", ".join([_json_value(v) for v in value]) + "]"
+    if kind is dict and all(type(k) is str for k in value):
+        return "{" + ", ".join([_quote(k) + ": " + _json_value(v) for k, v in value.items()]) + "}"
     return json.dumps(value)
 
 
@@ -327,6 +334,7 @@ def run_tests(
     solution: CodeType | None = None,
     test_code: Sequence[CodeType | None] | None = None,
     clean_builtins: dict[str, Any] | None = None,
+    fresh: bool = False,
 ) -> None:
     """Run the tests with `inputs[start:]` against `code`, emitting one raw record per test.
 
@@ -337,7 +345,8 @@ def run_tests(
     budget (the `timeout` status); `wall_limit` a wall-clock safety net (the `wall` status), re-armed
     up to WALL_EXTENSIONS times while the test is starved of CPU rather than idle.
     `solution` is `code` already compiled, if the caller did it; `test_code` optionally holds the
-    humaneval check sources already compiled (None where not).
+    humaneval check sources already compiled (None where not). `fresh`: this process was just
+    forked for the job (its CPU-wait counter starts at zero).
     """
     real_stdout, real_stderr, real_stdin = sys.stdout, sys.stderr, sys.stdin
     real_exit = os._exit
@@ -357,7 +366,8 @@ def run_tests(
         code, compiled, kind, fn_name, profile, scratch, test_code,
         clean_builtins if clean_builtins is not None else dict(builtins.__dict__),
     )  # fmt: skip
-    net = None if wall_limit is None else _WallNet(wall_limit, run_delay())
+    # A forked child's schedstat starts at zero; elsewhere (E2B) the process ran before this.
+    net = None if wall_limit is None else _WallNet(wall_limit, 0.0 if fresh else run_delay())
     if net is not None:
         signal.signal(signal.SIGALRM, net.on_alarm)
     os._exit = _fake_exit  # type: ignore[assignment]

@@ -79,8 +79,9 @@ def _mount(
 def interpreter_paths() -> list[str]:
     """Directories user code may import from: the interpreter's prefixes and its sys.path."""
     found: list[str] = []
+    here = os.getcwd()  # sys.path[0] under `python -m`: the trainer's directory, not the library's
     for path in [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *sys.path]:
-        if path and os.path.isdir(path):
+        if path and path != here and os.path.isdir(path):
             real = os.path.realpath(path)
             if real not in found:
                 found.append(real)

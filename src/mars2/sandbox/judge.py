@@ -177,7 +177,6 @@ class RewrittenCheck:
         self.sites: list[Site] = []
         tree = ast.parse(source)
         self._rewrite(tree.body, required=True)
-        ast.fix_missing_locations(tree)
         self.tree = tree
 
     def _rewrite(self, body: list[ast.stmt], required: bool) -> None:
@@ -186,10 +185,11 @@ class RewrittenCheck:
                 lifted = _lift(stmt.test, stmt.lineno, required)
                 if lifted is not None:
                     expr, site = lifted
-                    call = ast.Call(
-                        func=ast.Name(id=harness.REPORT_NAME, ctx=ast.Load()),
-                        args=[ast.Constant(len(self.sites)), expr],
-                        keywords=[],
+                    # Locations copied by hand: ast.fix_missing_locations walks the whole tree.
+                    name = ast.copy_location(ast.Name(id=harness.REPORT_NAME, ctx=ast.Load()), stmt)
+                    site_id = ast.copy_location(ast.Constant(len(self.sites)), stmt)
+                    call = ast.copy_location(
+                        ast.Call(func=name, args=[site_id, expr], keywords=[]), stmt
                     )
                     self.sites.append(site)
                     body[position] = ast.copy_location(ast.Expr(call), stmt)

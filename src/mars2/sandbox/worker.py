@@ -30,9 +30,9 @@ import struct
 import sys
 import time
 from types import CodeType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mars2.sandbox import harness, judge
+from mars2.sandbox import harness
 from mars2.sandbox.compare import get_profile
 from mars2.sandbox.isolation import (
     IsolationReport,
@@ -61,6 +61,9 @@ _EXECUTOR_COMPILE_LIMIT = 64 << 10
 _TASK_COUNT_TTL = 1.0
 _CHECK_CACHE_SIZE = 1024  # compiled humaneval checks kept per worker (and executor)
 _KILL_MARGIN = 2.0  # seconds allowed for killing and reaping a job beyond its deadline
+
+if TYPE_CHECKING:
+    from mars2.sandbox import judge
 
 
 # --- framed messages between worker and executor -------------------------------------------------
@@ -213,6 +216,7 @@ class Executor:
                     wall_limit=wall_limit, output_limit=int(job["output_limit"]),
                     profile=job["profile"], scratch=self.workdir, solution=self._solution,
                     test_code=self._tests_code, clean_builtins=self._clean_builtins,
+                    fresh=True,
                 )  # fmt: skip
             except BaseException:
                 pass
@@ -398,6 +402,9 @@ class Worker:
         os.close(to_exec_r)
         os.close(from_exec_w)
         self.executor_pid = pid
+        # Imported only now: the executor (and so every fork of it) never holds `ast` and the judge.
+        global judge
+        from mars2.sandbox import judge
 
     def close(self) -> None:
         for fd in (self._to_exec, self._from_exec):
