@@ -110,14 +110,14 @@ class _WorkerHandle:
 class LocalSandbox(Sandbox):
     """Runs jobs in child processes forked from pre-started workers, under per-job limits.
 
-    Each job gets a fresh temporary directory, a per-test timeout (SIGALRM in the child, enforced
-    again from outside for code that blocks signals) and a whole-job timeout, RLIMIT_AS / CPU /
-    NPROC / FSIZE, capped stdout and stderr, and no network where the OS allows (new network
-    namespace as root). As root the workers also get a read-only view of the filesystem outside
-    their scratch directory and a dedicated uid each (so the fork limit really applies). The
-    worker compiles (never runs) answers up to 64 KiB before it forks. Not a security boundary
-    against a determined attacker. `wrapper="bwrap"` starts workers inside bubblewrap when it is
-    installed.
+    Each job runs in one child that reports raw outputs; its worker, another process, decides the
+    verdicts (see `worker` and `judge`). Per test a CPU-time limit with a wall-clock safety net
+    (`wall_factor`), per job a wall-clock limit; RLIMIT_AS / CPU / NPROC (processes + threads) /
+    FSIZE, capped stdout and stderr, an allow-listed environment, and no network where the OS
+    allows. As root also: a pid namespace per worker (everything a job starts dies with it), a
+    read-only filesystem, private capped /tmp and /dev/shm, a leased uid without capabilities,
+    no_new_privs and a seccomp filter. See README's security paragraph for what this does not
+    guarantee. `wrapper="bwrap"` starts workers inside bubblewrap when it is installed.
     """
 
     def __init__(
@@ -171,7 +171,7 @@ class LocalSandbox(Sandbox):
             "grace": 1.0,
         }
         # Each worker's uid is leased machine-wide: another pool (a second run, a DDP rank) never
-        # gets it, so no reaper ever kills another pool's jobs.
+        # gets it, so no pool ever kills another pool's jobs.
         self._uid_lease = (
             UidLease(self.num_workers, first_uid=base_uid)
             if dedicated_uids and os.geteuid() == 0
@@ -273,7 +273,7 @@ class LocalSandbox(Sandbox):
             if handle is not None:
                 handle.close()
                 self._workers[index] = None
-        # Only once every worker (and its reaper) is gone may another pool take these uids.
+        # Only once every worker (and its executor) is gone may another pool take these uids.
         if self._uid_lease is not None:
             self._uid_lease.release()
 
