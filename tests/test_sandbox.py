@@ -568,6 +568,9 @@ os.kill(os.getpid(), signal.SIGSTOP)
 def test_stalled_jobs_cost_at_most_their_timeout(name: str) -> None:
     import time
 
+    if os.geteuid() != 0 and name.startswith("stops"):
+        pytest.skip("without root the job shares the test's uid and could stop the test itself")
+
     from mars2.sandbox.isolation import count_tasks_of
     from mars2.sandbox.local import _POOL_MARGIN
 
