@@ -662,3 +662,10 @@ def test_canonical_humaneval_passes_beside_cpu_hogs() -> None:
             hog.wait()
     assert sum(g.private_passed for g in grades) == len(problems) == 164
     assert spin.tests[0].verdict is Verdict.TIMEOUT
+
+
+def test_early_stop_after_a_timeout_skips_the_rest() -> None:
+    with LocalSandbox(num_workers=1, per_test_timeout=0.3, job_timeout=30.0) as box:
+        (result,) = box.run_batch([Job("while True: pass", "stdin", ADD * 5, early_stop=True)])
+        assert [t.verdict for t in result.tests] == [Verdict.TIMEOUT] + [Verdict.SKIPPED] * 9
+        assert verdicts(box, ADD_CODE) == [Verdict.PASSED, Verdict.PASSED]

@@ -56,7 +56,7 @@ def remote_job(job: Job, payload: dict[str, Any]) -> tuple[dict[str, Any], list[
         "code": payload["code"], "kind": payload["kind"], "inputs": inputs,
         "fn_name": payload["fn_name"], "per_test_timeout": per_test,
         "wall_limit": per_test * 3.0 + 1.0, "output_limit": payload["output_limit"],
-        "profile": payload["profile"],
+        "profile": payload["profile"], "early_stop": payload["early_stop"],
     }  # fmt: skip
     return remote, checks
 
@@ -75,6 +75,13 @@ def judge_remote(job: Job, payload: dict[str, Any], stdout: str, checks: list[An
             float(payload["per_test_timeout"]),
             checks[index] if checks else None,
         )
+    if payload.get("early_stop"):
+        failed = next(
+            (i for i, r in enumerate(rows) if r is None or r["verdict"] != "passed"), None
+        )
+        if failed is not None and rows[failed] is not None:
+            for i in range(failed + 1, count):
+                rows[i] = {"index": i, "verdict": harness.SKIPPED}
     return results_from_rows(rows, count, "remote run ended before this test")
 
 

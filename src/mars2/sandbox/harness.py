@@ -335,6 +335,7 @@ def run_tests(
     test_code: Sequence[CodeType | None] | None = None,
     clean_builtins: dict[str, Any] | None = None,
     fresh: bool = False,
+    stop_on_error: bool = False,
 ) -> None:
     """Run the tests with `inputs[start:]` against `code`, emitting one raw record per test.
 
@@ -346,7 +347,8 @@ def run_tests(
     up to WALL_EXTENSIONS times while the test is starved of CPU rather than idle.
     `solution` is `code` already compiled, if the caller did it; `test_code` optionally holds the
     humaneval check sources already compiled (None where not). `fresh`: this process was just
-    forked for the job (its CPU-wait counter starts at zero).
+    forked for the job (its CPU-wait counter starts at zero). `stop_on_error`: stop after the
+    first test that did not end normally (early stop; a wrong output is only known to the judge).
     """
     real_stdout, real_stderr, real_stdin = sys.stdout, sys.stderr, sys.stdin
     real_exit = os._exit
@@ -410,8 +412,8 @@ def run_tests(
             if stderr_text:
                 result["stderr"] = _clip(stderr_text)
             emit(result)
-            if result["status"] == WALL:
-                return  # the judge decides whether to run the rest again
+            if result["status"] == WALL or (stop_on_error and result["status"] != OK):
+                return  # the judge decides whether to run the rest (again)
     finally:
         os._exit = real_exit
         sys.stdin = real_stdin
@@ -447,6 +449,7 @@ def main() -> None:
         output_limit=job.get("output_limit", 1 << 20),
         profile=job.get("profile", "lenient"),
         scratch=os.getcwd(),
+        stop_on_error=bool(job.get("early_stop", False)),
     )
 
 

@@ -216,7 +216,7 @@ class Executor:
                     wall_limit=wall_limit, output_limit=int(job["output_limit"]),
                     profile=job["profile"], scratch=self.workdir, solution=self._solution,
                     test_code=self._tests_code, clean_builtins=self._clean_builtins,
-                    fresh=True,
+                    fresh=True, stop_on_error=bool(job.get("early_stop")),
                 )  # fmt: skip
             except BaseException:
                 pass
@@ -452,6 +452,7 @@ class Worker:
             "fn_name": job.get("fn_name"),
             "profile": job["profile"],
             "output_limit": int(job.get("output_limit", self.config["output_limit"])),
+            "early_stop": bool(job.get("early_stop", False)),
         }
         checks: list[judge.RewrittenCheck | None] = []
         if job["kind"] == "humaneval":
@@ -518,6 +519,10 @@ class Worker:
                     record, tests[index]["output"], job["kind"], profile.name, cpu_limit, check
                 )
             start += len(records)
+            if job.get("early_stop") and any(
+                r is not None and r["verdict"] != harness.PASSED for r in rows
+            ):
+                break  # the rest are skipped below
             last = rows[start - 1] if records else None
             if last is not None and records[-1]["status"] == harness.WALL:
                 if last["verdict"] == harness.OVERLOADED and retries > 0:
