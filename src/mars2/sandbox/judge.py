@@ -171,28 +171,25 @@ def _lift(test: ast.expr, line: int, required: bool) -> tuple[ast.expr, Site] | 
 
 
 class RewrittenCheck:
-    """A humaneval check with its liftable asserts replaced by reports to the judge."""
+    """A humaneval check with its liftable asserts replaced by reports to the judge.
+
+    The new source is spliced from the old one (each lifted assert's text replaced by a report
+    call over the same lines), which is much cheaper than rebuilding and compiling a tree.
+    """
 
     def __init__(self, source: str) -> None:
         self.sites: list[Site] = []
-        tree = ast.parse(source)
-        self._rewrite(tree.body, required=True)
-        self.tree = tree
+        self._edits: list[tuple[ast.stmt, ast.expr]] = []
+        self._rewrite(ast.parse(source).body, required=True)
+        self._source = self._splice(source) if self._edits else source
 
     def _rewrite(self, body: list[ast.stmt], required: bool) -> None:
-        for position, stmt in enumerate(body):
+        for stmt in body:
             if isinstance(stmt, ast.Assert):
                 lifted = _lift(stmt.test, stmt.lineno, required)
                 if lifted is not None:
-                    expr, site = lifted
-                    # Locations copied by hand: ast.fix_missing_locations walks the whole tree.
-                    name = ast.copy_location(ast.Name(id=harness.REPORT_NAME, ctx=ast.Load()), stmt)
-                    site_id = ast.copy_location(ast.Constant(len(self.sites)), stmt)
-                    call = ast.copy_location(
-                        ast.Call(func=name, args=[site_id, expr], keywords=[]), stmt
-                    )
-                    self.sites.append(site)
-                    body[position] = ast.copy_location(ast.Expr(call), stmt)
+                    self._edits.append((stmt, lifted[0]))
+                    self.sites.append(lifted[1])
                 continue
             if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 self._rewrite(stmt.body, required=stmt.name == "check")
@@ -204,11 +201,38 @@ class RewrittenCheck:
             for handler in getattr(stmt, "handlers", ()) or ():
                 self._rewrite(handler.body, required=False)
 
+    def _splice(self, source: str) -> str:
+        data = source.encode("utf-8")  # AST columns count UTF-8 bytes
+        starts = [0]
+        for line in data.splitlines(keepends=True):
+            starts.append(starts[-1] + len(line))
+
+        def offset(line: int, col: int) -> int:
+            return starts[line - 1] + col
+
+        parts: list[bytes] = []
+        cursor = 0
+        for site, (stmt, expr) in enumerate(self._edits):
+            begin = offset(stmt.lineno, stmt.col_offset)
+            stop = offset(stmt.end_lineno or stmt.lineno, stmt.end_col_offset or 0)
+            inner = data[
+                offset(expr.lineno, expr.col_offset) : offset(
+                    expr.end_lineno or expr.lineno, expr.end_col_offset or 0
+                )
+            ]
+            # Inside the parentheses, newlines keep every later line where it was.
+            pad = data[begin:stop].count(b"\n") - inner.count(b"\n")
+            call = f"{harness.REPORT_NAME}({site}, (".encode() + inner + b"\n" * pad + b"))"
+            parts += [data[cursor:begin], call]
+            cursor = stop
+        parts.append(data[cursor:])
+        return b"".join(parts).decode("utf-8")
+
     def compiled(self) -> Any:
-        return compile(self.tree, "<check>", "exec", dont_inherit=True)
+        return compile(self._source, "<check>", "exec", dont_inherit=True)
 
     def source(self) -> str:
-        return ast.unparse(self.tree)
+        return self._source
 
 
 def rewrite_check(source: str) -> RewrittenCheck | None:
