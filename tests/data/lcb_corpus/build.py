@@ -22,7 +22,7 @@ compute_code_generation_metrics.py, utils/extraction_utils.py):
 
 ``mars2`` is given only where mars2 deliberately differs (an LCB artefact that is plainly wrong);
 ``why`` says which rule decides. scripts/lcb_side_by_side.py checks every ``lcb`` verdict against
-LiveCodeBench's own code (nvidia-livecodebench 26.3: all 67 as written).
+LiveCodeBench's own code (nvidia-livecodebench 26.3: all 69 as written).
 """
 
 from __future__ import annotations
@@ -263,6 +263,11 @@ CANDIDATES: list[tuple[str, str, str, str, str | None, str]] = [
     ("countLetters", "call", fence(solution(
         "out = {}\nfor c in s:\n    out[ord(c)] = out.get(ord(c), 0) + 1\nreturn out",
         "countLetters", "s")), "fail", None, "int keys never equal JSON's string keys"),
+    ("sumList", "call", fence("import numpy as np\n" + solution("return np.int64(sum(nums))")),
+     "pass", None, "a numpy integer equals the int"),
+    ("pairUp", "call", fence("import numpy as np\n" + solution(
+        "return np.array(nums).reshape(-1, 2)", "pairUp")), "fail", None,
+     "a numpy array is not a list (in LCB its == is ambiguous: a runtime error)"),
     ("sumList", "call", fence("class Solution:\n    pass\n\n\ndef sumList(nums):\n    return sum(nums)\n"),
      "fail", None, "class Solution exists: the method is looked up there only"),
     ("sumList", "call", fence("def sumList(nums):\n    return sum(nums)\n"), "pass", None,
