@@ -26,9 +26,13 @@ from mars2.search.runner import GraderLike, SearchConfig, TreeSearch
 from mars2.search.tree import Node, SearchTree, save_trees
 
 
-def _require_full(grader: GraderLike) -> None:
-    if getattr(grader, "reward_tests", "all") != "all":
-        raise ValueError("metric verdicts need a grader on all tests (reward_tests='all')")
+def metric_view(grader: GraderLike) -> GraderLike:
+    """What metric verdicts use: the grader on all tests (public + private).
+
+    A grader without views (the simulated one, which has no hidden tests) is used as it is.
+    """
+    view = getattr(grader, "full_view", None)
+    return view() if callable(view) else grader
 
 
 def search_view(grader: GraderLike) -> GraderLike:
@@ -42,7 +46,7 @@ def search_view(grader: GraderLike) -> GraderLike:
 
 def final_verdicts(tree: SearchTree, grader: GraderLike) -> dict[int, bool]:
     """Node id -> passed on the full test set, each distinct completion graded once."""
-    _require_full(grader)
+    grader = metric_view(grader)
     by_text: dict[str, list[int]] = {}
     for node in tree.answers():
         by_text.setdefault(node.completion, []).append(node.id)
@@ -106,8 +110,11 @@ def evaluate_sampling(
     chunk: int = 16,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> None:
-    """n independent samples per problem; stores the number that pass all tests (public+private)."""
-    _require_full(grader)
+    """n independent samples per problem; stores how many pass all tests (public + private).
+
+    Whatever tests `grader` rewards on, its full view judges.
+    """
+    grader = metric_view(grader)
     prompts = prompts or PromptBuilder()
     todo = [p for p in problems if not store.done(p.id)]
     for start in range(0, len(todo), chunk):
@@ -143,11 +150,10 @@ def evaluate_tree(
 ) -> None:
     """Grow a tree per problem on public tests only, then judge its answers on all tests.
 
-    `grader` gives the metric verdicts (all tests); the search uses `search_grader`, by default
-    `grader`'s public-only view. Stores whether the best-public node passes (Pass@1(MCTS)) and
-    whether any node passes (Pass@N).
+    `grader`'s full view gives the metric verdicts (all tests); the search uses `search_grader`,
+    by default `grader`'s public-only view. Stores whether the best-public node passes
+    (Pass@1(MCTS)) and whether any node passes (Pass@N).
     """
-    _require_full(grader)
     search = TreeSearch(config, prompts)
     searcher = search_grader if search_grader is not None else search_view(grader)
     todo = [p for p in problems if not store.done(p.id)]

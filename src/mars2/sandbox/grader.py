@@ -136,16 +136,23 @@ class Grader:
         self.reward_tests: RewardTests = reward_tests
         self.profile = profile
 
-    def public_view(self) -> Grader:
-        """The same grader on public tests only: what a search may see during evaluation."""
+    def _with_tests(self, reward_tests: RewardTests) -> Grader:
         return Grader(
             self.sandbox,
             self.reward_kind,
             self.early_stop,
             self.per_test_timeout,
-            "public",
+            reward_tests,
             self.profile,
         )
+
+    def public_view(self) -> Grader:
+        """The same grader on public tests only: what a search may see during evaluation."""
+        return self._with_tests("public")
+
+    def full_view(self) -> Grader:
+        """The same grader on public + private tests: what metric verdicts use."""
+        return self if self.reward_tests == "all" else self._with_tests("all")
 
     def grade(self, items: Sequence[tuple[Problem, str]], with_public: bool = True) -> list[Grade]:
         """Grade (problem, completion) pairs in one sandbox batch."""
