@@ -132,6 +132,7 @@ def isolate_worker(
     readonly_root: bool,
     tmp_size_mb: int,
     report: IsolationReport,
+    pid_namespace: bool = True,
 ) -> str | None:
     """Move this (worker) process into new mount/net/pid namespaces; children inherit them.
 
@@ -150,6 +151,8 @@ def isolate_worker(
     report.network_isolated = not network
     try:
         # The next child forked (the executor) is init of a pid namespace holding only jobs.
+        if not pid_namespace:
+            raise OSError(0, "disabled by the configuration")
         _check(libc.unshare(CLONE_NEWPID), "unshare pid")
         report.pid_namespace = True
     except OSError as err:

@@ -370,6 +370,7 @@ class Worker:
             config["readonly_root"],
             int(config.get("tmp_size_mb", 64)),
             self.report,
+            bool(config.get("pid_namespace", True)),
         )
         if uid is not None and self.uid is None:
             self.report.missing.append("dedicated uid (not root): task limit shared with this user")
