@@ -674,3 +674,27 @@ def test_early_stop_after_a_timeout_skips_the_rest() -> None:
         (result,) = box.run_batch([Job("while True: pass", "stdin", ADD * 5, early_stop=True)])
         assert [t.verdict for t in result.tests] == [Verdict.TIMEOUT] + [Verdict.SKIPPED] * 9
         assert verdicts(box, ADD_CODE) == [Verdict.PASSED, Verdict.PASSED]
+
+
+def test_a_starved_answer_is_overloaded_not_failed() -> None:
+    # Fifteen busy processes on the one CPU the answer pins itself to (they are its own children,
+    # so their CPU time is not the answer's): it stays runnable but gets a sixteenth of a CPU, and
+    # its wall-clock net trips with its CPU budget unused.
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("needs sched_setaffinity")
+    cpu = min(os.sched_getaffinity(0))
+    work = (
+        "import time\nt = time.process_time()\n"
+        "while time.process_time() - t < 0.9:\n    pass\nprint(3)\n"
+    )
+    starved = (
+        f"import os\nos.sched_setaffinity(0, {{{cpu}}})\n"
+        "for _ in range(15):\n    if os.fork() == 0:\n        while True:\n            pass\n"
+    ) + work
+    with LocalSandbox(
+        num_workers=1, per_test_timeout=1.0, wall_factor=1.0, max_processes=16
+    ) as box:
+        (result,) = box.run_batch([Job(starved, "stdin", ADD[:1])])
+        assert result.tests[0].verdict is Verdict.OVERLOADED, result.tests[0]
+        assert verdicts(box, work, ADD[:1]) == [Verdict.PASSED]
+        assert verdicts(box, ADD_CODE) == [Verdict.PASSED, Verdict.PASSED]
