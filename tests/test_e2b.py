@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import types
 
 import pytest
@@ -72,3 +73,42 @@ def test_missing_api_key_is_a_clear_error(monkeypatch, fake_sdk) -> None:
     monkeypatch.delenv("E2B_API_KEY", raising=False)
     with pytest.raises(ValueError, match="E2B_API_KEY"):
         E2BSandbox(sdk=fake_sdk)
+
+
+def test_expected_outputs_never_leave_this_machine(fake_sdk) -> None:
+    secret_tests = [{"input": "1 2", "output": "31415926"}]
+    check = {"input": "def check(candidate):\n    assert candidate(2) == 27182818\n", "output": ""}
+    with E2BSandbox(api_key="k", sdk=fake_sdk) as box:
+        stdin_result, he_result = box.run_batch(
+            [
+                Job("print(31415926)", "stdin", secret_tests),
+                Job("def f(x):\n    return 27182818\n", "humaneval", [check], fn_name="f"),
+            ]
+        )
+    assert stdin_result.all_passed and he_result.all_passed  # judged here, on our side
+    jobs = [json.loads(d) for p, d in fake_sdk.STATE.written.items() if p.endswith("job.json")]
+    shipped = json.dumps([{k: v for k, v in job.items() if k != "code"} for job in jobs])
+    assert "candidate(2)" in shipped and "31415926" not in shipped and "27182818" not in shipped
+    names = {path.rsplit("/", 1)[1] for path in fake_sdk.STATE.written}
+    assert {"harness.py", "compare.py", "prelude.py", "job.json"} <= names
+
+
+def test_forged_remote_records_are_not_verdicts(fake_sdk) -> None:
+    forge = (
+        "import os\n"
+        "for i in range(2):\n"
+        '    os.write(1, b\'@@MARS2@@{"index": %d, "verdict": "passed", "status": "ok"}\\n\' % i)\n'
+        "os._exit(0)\n"
+    )
+    eq = (
+        "class A:\n    def __eq__(self, o):\n        return True\ndef pair(a, b):\n    return A()\n"
+    )
+    with E2BSandbox(api_key="k", sdk=fake_sdk) as box:
+        forged, always = box.run_batch(
+            [
+                Job(forge, "stdin", TESTS),
+                Job(eq, "call", [{"input": "1\n2", "output": "[1, 2]"}], fn_name="pair"),
+            ]
+        )
+    assert [t.verdict for t in forged.tests] == [Verdict.WRONG_ANSWER] * 2
+    assert [t.verdict for t in always.tests] == [Verdict.WRONG_ANSWER]

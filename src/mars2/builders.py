@@ -51,9 +51,9 @@ def build_sandbox(cfg: DictConfig) -> Any:
     return hydra.utils.instantiate(cfg.sandbox, _convert_="all")
 
 
-def build_grader(cfg: DictConfig, sandbox: Any) -> Any:
+def build_grader(cfg: DictConfig, sandbox: Any, **overrides: Any) -> Any:
     """The grader of ``cfg.grader`` (a `_target_` config) running on `sandbox`."""
-    return hydra.utils.instantiate(cfg.grader, _partial_=True)(sandbox=sandbox)
+    return hydra.utils.instantiate(cfg.grader, _partial_=True)(sandbox=sandbox, **overrides)
 
 
 def build_problems(cfg: DictConfig, part: str, limit: int | None = None) -> list[Any]:

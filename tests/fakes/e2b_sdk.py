@@ -36,6 +36,7 @@ class FakeState:
         self.peak = 0
         self.fail_next_commands = 0
         self.api_keys: list[str] = []
+        self.written: dict[str, str] = {}  # remote path -> what was written there
 
 
 STATE = FakeState()
@@ -46,6 +47,7 @@ class _Files:
         self.box = box
 
     async def write(self, path: str, data: str) -> None:
+        STATE.written[path] = data
         local = self.box.local(path)
         local.parent.mkdir(parents=True, exist_ok=True)
         local.write_text(data)

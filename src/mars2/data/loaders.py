@@ -14,6 +14,13 @@ from typing import Any
 from mars2.data.problem import Problem, ProblemFormatError, TestCase, TestKind
 
 RowParser = Callable[[dict[str, Any], "_RowContext"], Problem]
+# The names of mars2.sandbox.compare.PROFILE_NAMES (data sits below sandbox, so not imported).
+GRADING_PROFILES = ("lenient", "lcb")
+
+
+def _check_profile(name: str) -> None:
+    if name not in GRADING_PROFILES:
+        raise ValueError(f"unknown grading profile {name!r}: use one of {list(GRADING_PROFILES)}")
 
 
 class _RowContext:
@@ -150,11 +157,14 @@ def load_livecodebench(
     start_date: str | date | None = None,
     end_date: str | date | None = None,
     limit: int | None = None,
+    grading_profile: str = "lcb",
 ) -> list[Problem]:
     """Read LiveCodeBench code-generation jsonl, keeping problems with start <= contest_date <= end.
 
-    An end date given as a month ("2025-05") includes that whole month.
+    An end date given as a month ("2025-05") includes that whole month. Problems are graded with
+    `grading_profile` (default ``lcb``: LiveCodeBench's own verdicts, see mars2.sandbox.compare).
     """
+    _check_profile(grading_profile)
     start = _as_date(start_date)
     end = _as_date(end_date)
     if isinstance(end_date, str) and len(end_date) == 7 and end is not None:
@@ -197,6 +207,7 @@ def load_livecodebench(
                 "platform": row.get("platform", ""),
                 "difficulty": row.get("difficulty", ""),
                 "contest_date": contest.isoformat() if contest else None,
+                "grading_profile": grading_profile,
             },
         )
 
@@ -219,13 +230,18 @@ def load_livecodebench(
 
 
 def load_deepcoder(
-    path: str | Path, num_public: int = 2, limit: int | None = None
+    path: str | Path,
+    num_public: int = 2,
+    limit: int | None = None,
+    grading_profile: str = "lenient",
 ) -> list[Problem]:
     """Read DeepCoder / MARTI-style jsonl: ``prompt`` plus ``label`` = {inputs, outputs, fn_name?}.
 
     Such rows have no public/private split: the first `num_public` tests are shown as feedback and
-    every test counts for the reward.
+    every test counts for the reward. Graded with `grading_profile` (default ``lenient``, whose
+    float tolerance suits the mixed sources of training data).
     """
+    _check_profile(grading_profile)
 
     def parse(row: dict[str, Any], ctx: _RowContext) -> Problem:
         prompt = str(ctx.require(row, "prompt"))
@@ -264,7 +280,11 @@ def load_deepcoder(
             private_tests=tuple(cases),
             starter_code=str(row.get("starter_code") or ""),
             fn_name=fn_name,
-            metadata={"source": "deepcoder", "difficulty": row.get("difficulty", "")},
+            metadata={
+                "source": "deepcoder",
+                "difficulty": row.get("difficulty", ""),
+                "grading_profile": grading_profile,
+            },
         )
 
     return _load(path, parse, limit)

@@ -110,7 +110,8 @@ def _evaluate(cfg: DictConfig, problems: list[Any], out: Path) -> list[Summary]:
     )
     sandbox = builders.build_sandbox(cfg)
     try:
-        grader = builders.build_grader(cfg, sandbox)
+        # Metric verdicts on all tests; evaluate_tree gives the search only the public view.
+        grader = builders.build_grader(cfg, sandbox, reward_tests="all")
         return run_evaluation(
             problems, generators, grader, search_config, cfg.eval.samples, out, cfg.seed,
             cfg.eval.get("chunk"),

@@ -1,5 +1,9 @@
 """Evaluation runs: Pass@k from independent samples, Pass@1(MCTS) and Pass@N from grown trees.
 
+The search never sees a private test: its rewards, its refine gate and its refine prompts come from
+a grader that runs the public tests only. Every metric's verdict comes from the full grader (public
+and private tests, as LiveCodeBench grades), applied to the answers once they exist.
+
 Problems run in fixed chunks (trees of a chunk grow together, a round of expansions at a time);
 each chunk is seeded from the config's seed, the setting and the chunk's index alone. Results are
 kept per problem id in a jsonl file and trees in one file per problem, both written atomically as
@@ -28,6 +32,39 @@ from mars2.search.prompts import PromptBuilder
 from mars2.search.runner import GraderLike, SearchConfig, TreeSearch
 from mars2.search.tree import Node, SearchTree, save_trees
 from mars2.utils.atomic import atomic_write_text
+
+
+def metric_view(grader: GraderLike) -> GraderLike:
+    """What metric verdicts use: the grader on all tests (public + private).
+
+    A grader without views (the simulated one, which has no hidden tests) is used as it is.
+    """
+    view = getattr(grader, "full_view", None)
+    return view() if callable(view) else grader
+
+
+def search_view(grader: GraderLike) -> GraderLike:
+    """What the search may use: the grader's public-tests-only view.
+
+    A grader without one (the simulated grader, which has no hidden tests) is used as it is.
+    """
+    view = getattr(grader, "public_view", None)
+    return view() if callable(view) else grader
+
+
+def final_verdicts(tree: SearchTree, grader: GraderLike) -> dict[int, bool]:
+    """Node id -> passed on the full test set, each distinct completion graded once."""
+    grader = metric_view(grader)
+    by_text: dict[str, list[int]] = {}
+    for node in tree.answers():
+        by_text.setdefault(node.completion.text, []).append(node.id)
+    texts = list(by_text)
+    grades = grader.grade([(tree.problem, text) for text in texts]) if texts else []
+    verdicts: dict[int, bool] = {}
+    for text, grade in zip(texts, grades, strict=True):
+        for node_id in by_text[text]:
+            verdicts[node_id] = grade.private_passed
+    return verdicts
 
 
 def best_public_node(tree: SearchTree) -> Node | None:
@@ -118,12 +155,13 @@ def evaluate_sampling(
     stream: str = "sampling",
     progress: bool = False,
 ) -> None:
-    """n independent samples per problem; stores the number that pass the private tests.
+    """n independent samples per problem; stores how many pass all tests (public + private).
 
     Problems go in fixed chunks of `chunk` (by position in `problems`). With `seed`, each chunk's
     sampling is seeded from (seed, stream, chunk index), so a rerun, or a resumed run that redoes
     an unfinished chunk, draws exactly the same samples. Finished chunks are skipped.
     """
+    grader = metric_view(grader)
     prompts = prompts or PromptBuilder()
     parts = _chunks(problems, chunk)
     done = sum(store.done(p.id) for p in problems)
@@ -162,14 +200,20 @@ def evaluate_tree(
     chunk: int = 8,
     stream: str = "tree",
     progress: bool = False,
+    search_grader: GraderLike | None = None,
 ) -> None:
-    """Grow trees for a chunk of problems at once, in rounds; stores whether the best-public node
-    and any node pass privately, and each problem's tree under `trees_path/<problem id>.jsonl`.
+    """Grow trees for a chunk of problems at once, in rounds, on public tests only; then judge their
+    answers on all tests. Stores whether the best-public node passes (Pass@1(MCTS)) and whether any
+    node passes (Pass@N), and each problem's tree under `trees_path/<problem id>.jsonl`.
+
+    `grader`'s full view gives the metric verdicts; the search uses `search_grader`, by default
+    `grader`'s public-only view.
 
     Each chunk's search and sampling are seeded from (rng_seed, stream, chunk index), so a resumed
     run redoing an unfinished chunk grows exactly the trees an uninterrupted run grows.
     """
     search = TreeSearch(config, prompts)
+    searcher = search_grader if search_grader is not None else search_view(grader)
     parts = _chunks(problems, chunk)
     done = sum(store.done(p.id) for p in problems)
     with _bar(len(problems), done, stream, progress) as bar:
@@ -178,19 +222,21 @@ def evaluate_tree(
                 continue
             material = chunk_seed(rng_seed, stream, index)
             _seed_torch(material)
-            trees = search.grow(part, generators, grader, np.random.default_rng(material))
+            trees = search.grow(part, generators, searcher, np.random.default_rng(material))
             if trees_path is not None:
                 for tree in trees:
                     save_trees([tree], tree_file(trees_path, tree.problem.id))
             rows = []
             for problem, tree in zip(part, trees, strict=True):
                 chosen = best_public_node(tree)
+                verdicts = final_verdicts(tree, grader)
                 agents = {name: sum(n.agent == name for n in tree.answers()) for name in generators}
                 rows.append(
                     {
                         **_metadata(problem),
-                        "mcts_pass": bool(chosen is not None and chosen.private_passed),
-                        "any_pass": tree.solved,
+                        "mcts_pass": bool(chosen is not None and verdicts[chosen.id]),
+                        "any_pass": any(verdicts.values()),
+                        "search_solved": tree.solved,
                         "nodes": len(tree),
                         "agents": agents,
                     }

@@ -23,6 +23,9 @@ class Verdict(str, Enum):
     OUTPUT_LIMIT = harness.OUTPUT_LIMIT
     COMPILE_ERROR = harness.COMPILE_ERROR
     SKIPPED = harness.SKIPPED
+    # The wall-clock safety net tripped while the answer was starved of CPU by other load, even
+    # after a retry: says nothing about the answer (never a failing verdict of its own).
+    OVERLOADED = harness.OVERLOADED
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class Job:
     per_test_timeout: float | None = None
     job_timeout: float | None = None
     early_stop: bool = False
+    profile: str = "lenient"  # grading profile, see mars2.sandbox.compare
 
     def payload(self, defaults: dict[str, Any]) -> dict[str, Any]:
         """The JSON-ready form a worker reads, with the sandbox's defaults filled in."""
@@ -47,6 +51,7 @@ class Job:
             "per_test_timeout": self.per_test_timeout or defaults["per_test_timeout"],
             "job_timeout": self.job_timeout or defaults["job_timeout"],
             "early_stop": self.early_stop,
+            "profile": self.profile,
             "output_limit": defaults["output_limit"],
         }
 

@@ -1,8 +1,10 @@
 """`E2BSandbox`: run jobs on E2B's remote sandboxes (``pip install 'mars2[e2b]'``, ``E2B_API_KEY``).
 
-Each job writes our stdlib-only `harness` and its payload into a pooled remote sandbox and runs
-``python3 harness.py job.json``; result lines come back on stdout. Sandboxes are reused across
-jobs (each job in a fresh directory), at most `max_concurrency` at once, and replaced after errors.
+Each job writes our stdlib-only `harness` (with `compare` and `prelude`) and the job's inputs into
+a pooled remote sandbox and runs ``python3 harness.py job.json``; raw records come back on stdout
+and the verdicts are decided here, by `judge`: expected outputs never leave this machine (humaneval
+checks are shipped with their literal expectations taken out). Sandboxes are reused across jobs
+(each job in a fresh directory), at most `max_concurrency` at once, and replaced after errors.
 """
 
 from __future__ import annotations
@@ -18,20 +20,69 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mars2.sandbox import harness, judge
 from mars2.sandbox.base import Job, JobResult, Sandbox, Verdict, results_from_rows
+from mars2.sandbox.compare import get_profile
 
 log = logging.getLogger(__name__)
-_MARKER = "@@MARS2@@"
-_HARNESS_SOURCE = (Path(__file__).with_name("harness.py")).read_text(encoding="utf-8")
+_MARKER = harness.MARKER
+_SOURCES = {
+    name: Path(__file__).with_name(name).read_text(encoding="utf-8")
+    for name in ("harness.py", "compare.py", "prelude.py")
+}
 
 
-def parse_result_lines(stdout: str) -> list[dict[str, Any]]:
-    """The harness's result rows out of a remote run's stdout (other output is ignored)."""
-    rows = []
-    for line in stdout.splitlines():
-        if line.startswith(_MARKER):
-            rows.append(json.loads(line[len(_MARKER) :]))
-    return rows
+def parse_result_lines(stdout: str, count: int) -> list[dict[str, Any]]:
+    """The harness's raw records out of a remote run's stdout, validated in test order.
+
+    Other output is ignored; the first marked line that is not the next test's record ends the
+    parse (the answer wrote into the channel, and only hurts itself).
+    """
+    lines = [line[len(_MARKER) :] for line in stdout.splitlines() if line.startswith(_MARKER)]
+    blob = "".join(line + "\n" for line in lines).encode("utf-8", "replace")
+    records, _, _ = judge.parse_records(blob, 0, count)
+    return records
+
+
+def remote_job(job: Job, payload: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+    """The remote job file (inputs only) and the rewritten humaneval checks judged here."""
+    inputs = judge.tests_inputs(payload["tests"])
+    checks: list[judge.RewrittenCheck | None] = []
+    if job.kind == "humaneval":
+        checks = [judge.rewrite_check(source) for source in inputs]
+        inputs = [c.source() if c is not None else s for c, s in zip(checks, inputs)]
+    per_test = float(payload["per_test_timeout"])
+    remote = {
+        "code": payload["code"], "kind": payload["kind"], "inputs": inputs,
+        "fn_name": payload["fn_name"], "per_test_timeout": per_test,
+        "wall_limit": per_test * 3.0 + 1.0, "output_limit": payload["output_limit"],
+        "profile": payload["profile"], "early_stop": payload["early_stop"],
+    }  # fmt: skip
+    return remote, checks
+
+
+def judge_remote(job: Job, payload: dict[str, Any], stdout: str, checks: list[Any]) -> JobResult:
+    """Verdicts, decided here, from a remote run's stdout."""
+    count = len(job.tests)
+    rows: list[dict[str, Any] | None] = [None] * count
+    for record in parse_result_lines(stdout, count):
+        index = record["index"]
+        rows[index] = judge.judge_record(
+            record,
+            job.tests[index]["output"],
+            job.kind,
+            payload["profile"],
+            float(payload["per_test_timeout"]),
+            checks[index] if checks else None,
+        )
+    if payload.get("early_stop"):
+        failed = next(
+            (i for i, r in enumerate(rows) if r is None or r["verdict"] != "passed"), None
+        )
+        if failed is not None and rows[failed] is not None:
+            for i in range(failed + 1, count):
+                rows[i] = {"index": i, "verdict": harness.SKIPPED}
+    return results_from_rows(rows, count, "remote run ended before this test")
 
 
 class E2BSandbox(Sandbox):
@@ -97,6 +148,10 @@ class E2BSandbox(Sandbox):
     async def _run_job(self, job: Job) -> JobResult:
         assert self._semaphore is not None and self._idle is not None
         payload = job.payload(self.defaults)
+        remote_job_file, checks = remote_job(job, payload)
+        bound = get_profile(payload["profile"]).job_wall_bound(
+            float(payload["per_test_timeout"]), len(job.tests), float(payload["job_timeout"])
+        )
         last_error = ""
         async with self._semaphore:
             for attempt in range(self.retries):
@@ -104,20 +159,13 @@ class E2BSandbox(Sandbox):
                 try:
                     remote = await self._acquire()
                     workdir = f"/tmp/mars2-{uuid.uuid4().hex}"
-                    await remote.files.write(f"{workdir}/harness.py", _HARNESS_SOURCE)
-                    await remote.files.write(f"{workdir}/job.json", json.dumps(payload))
+                    for name, source in _SOURCES.items():
+                        await remote.files.write(f"{workdir}/{name}", source)
+                    await remote.files.write(f"{workdir}/job.json", json.dumps(remote_job_file))
                     command = f"cd {workdir} && python3 harness.py job.json; rm -rf {workdir}"
-                    stdout = await self._run_command(
-                        remote, command, float(payload["job_timeout"]) + 5
-                    )
+                    stdout = await self._run_command(remote, command, bound + 5)
                     self._idle.put_nowait(remote)
-                    rows = parse_result_lines(stdout)
-                    by_index: list[dict[str, Any] | None] = [None] * len(job.tests)
-                    for row in rows:
-                        by_index[int(row["index"])] = row
-                    return results_from_rows(
-                        by_index, len(job.tests), "remote run ended before this test"
-                    )
+                    return judge_remote(job, payload, stdout, checks)
                 except Exception as err:
                     last_error = f"{type(err).__name__}: {err}"
                     log.warning(

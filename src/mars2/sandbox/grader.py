@@ -1,22 +1,34 @@
-"""The grader: completions in, per-test verdicts and a reward out (LiveCodeBench semantics)."""
+"""The grader: completions in, per-test verdicts and a reward out.
+
+Which tests count:
+
+- ``reward_tests="all"`` (the default): public and private tests together decide the reward and
+  whether an answer is solved -- the set LiveCodeBench's final verdict uses. HumanEval-kind
+  problems are the exception: their public tests are examples lifted from the docstring, and the
+  official verdict is the check function alone (the private test).
+- ``reward_tests="public"``: only the public tests run; the private ones are never executed, so a
+  search driven by this grader cannot learn anything about them. Evaluation search uses this view
+  (`Grader.public_view`) and judges its final answers with a full grader afterwards.
+
+How outputs are compared is the grading profile's business (`mars2.sandbox.compare`): the grader's
+`profile`, else the problem's ``metadata["grading_profile"]``, else ``lenient``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
-from mars2.data.problem import Problem, TestCase
+from mars2.data.problem import Problem, TestCase, TestKind
 from mars2.sandbox.base import Job, JobResult, Sandbox, TestResult, Verdict
+from mars2.sandbox.compare import DEFAULT_PROFILE, clip, get_profile
 from mars2.sandbox.extract import extract_code
 
 RewardKind = Literal["binary", "pass_rate"]
+RewardTests = Literal["all", "public"]
 FEEDBACK_CAP = 300  # characters of a test's input / expected / actual shown in feedback
-
-
-def clip(text: str, cap: int = FEEDBACK_CAP) -> str:
-    """Shorten `text` to `cap` characters, saying how much was cut."""
-    return text if len(text) <= cap else text[:cap] + f"... [{len(text) - cap} more chars]"
+ERROR_CAP = 800
 
 
 @dataclass(frozen=True)
@@ -34,12 +46,18 @@ class TestFeedback:
 
 @dataclass
 class Grade:
-    """Everything the search and the trainer need to know about one completion."""
+    """Everything the search and the trainer need to know about one completion.
+
+    `public` holds the public tests' verdicts (what agents may see), `private` the private tests'
+    (empty when they were not run). `passed` says whether every test the reward counts passed;
+    None (graders that do not set it) means "every private test passed".
+    """
 
     code: str | None
     public: list[TestFeedback] = field(default_factory=list)
     private: list[TestFeedback] = field(default_factory=list)
     reward: float = 0.0
+    passed: bool | None = None
 
     @property
     def has_code(self) -> bool:
@@ -53,13 +71,20 @@ class Grade:
 
     @property
     def private_passed(self) -> bool:
+        """Solved by the grader's own test set (the name predates public-only grading)."""
+        if self.passed is not None:
+            return self.passed
         return bool(self.private) and all(t.verdict is Verdict.PASSED for t in self.private)
 
 
 def _feedback(tests: Sequence[TestCase], results: Sequence[TestResult]) -> list[TestFeedback]:
     return [
         TestFeedback(
-            r.verdict, clip(t.input), clip(t.output), clip(r.actual), clip(r.error or r.stderr, 800)
+            r.verdict,
+            clip(t.input, FEEDBACK_CAP),
+            clip(t.output, FEEDBACK_CAP),
+            clip(r.actual, FEEDBACK_CAP),
+            clip(r.error or r.stderr, ERROR_CAP),
         )
         for t, r in zip(tests, results, strict=True)
     ]
@@ -74,11 +99,20 @@ def reward_from(result: JobResult, kind: RewardKind) -> float:
     raise ValueError(f"unknown reward kind {kind!r}: use 'binary' or 'pass_rate'")
 
 
-class Grader:
-    """Extracts code from completions and runs it on a problem's public and private tests at once.
+def profile_of(problem: Problem, override: str | None = None) -> str:
+    """The grading profile for `problem`: the override, the problem's own, or the default."""
+    name = override or problem.metadata.get("grading_profile") or DEFAULT_PROFILE
+    return get_profile(str(name)).name
 
-    The reward comes from the private tests; public verdicts are what agents see as feedback.
-    """
+
+def hidden_tests(problem: Problem) -> tuple[TestCase, ...]:
+    """Private tests that are not also public (some sources repeat the public ones)."""
+    public = set(problem.public_tests)
+    return tuple(t for t in problem.private_tests if t not in public)
+
+
+class Grader:
+    """Extracts code from completions and runs it on a problem's tests in one sandbox batch."""
 
     def __init__(
         self,
@@ -86,31 +120,85 @@ class Grader:
         reward: RewardKind = "binary",
         early_stop: bool = False,
         per_test_timeout: float | None = None,
+        reward_tests: RewardTests = "all",
+        profile: str | None = None,
     ) -> None:
         if reward not in ("binary", "pass_rate"):
             raise ValueError(f"unknown reward kind {reward!r}: use 'binary' or 'pass_rate'")
+        if reward_tests not in ("all", "public"):
+            raise ValueError(f"unknown reward_tests {reward_tests!r}: use 'all' or 'public'")
+        if profile is not None:
+            get_profile(profile)
         self.sandbox = sandbox
         self.reward_kind: RewardKind = reward
         self.early_stop = early_stop
         self.per_test_timeout = per_test_timeout
+        self.reward_tests: RewardTests = reward_tests
+        self.profile = profile
+
+    def _with_tests(self, reward_tests: RewardTests) -> Grader:
+        return Grader(
+            self.sandbox,
+            self.reward_kind,
+            self.early_stop,
+            self.per_test_timeout,
+            reward_tests,
+            self.profile,
+        )
+
+    def public_view(self) -> Grader:
+        """The same grader on public tests only: what a search may see during evaluation."""
+        return self._with_tests("public")
+
+    def full_view(self) -> Grader:
+        """The same grader on public + private tests: what metric verdicts use."""
+        return self if self.reward_tests == "all" else self._with_tests("all")
 
     def grade(self, items: Sequence[tuple[Problem, str]], with_public: bool = True) -> list[Grade]:
         """Grade (problem, completion) pairs in one sandbox batch."""
-        codes = [extract_code(completion) for _, completion in items]
+        codes = [extract_code(completion, profile_of(p, self.profile)) for p, completion in items]
         return self.grade_code(
             [(p, c) for (p, _), c in zip(items, codes, strict=True)], with_public
         )
 
+    def _split(
+        self, problem: Problem, with_public: bool
+    ) -> tuple[tuple[TestCase, ...], tuple[TestCase, ...], bool]:
+        """(public tests to run, private tests to run, whether the public ones count)."""
+        if not with_public:  # explicit request for the private set alone (benchmarks, HumanEval)
+            return (), problem.all_tests, False
+        if self.reward_tests == "public":
+            return problem.public_tests, (), True
+        if problem.test_kind is TestKind.HUMANEVAL:
+            return problem.public_tests, problem.all_tests, False
+        return problem.public_tests, hidden_tests(problem), True
+
+    def _job_timeout(self, profile: str, n_tests: int) -> float | None:
+        """LiveCodeBench has no whole-answer cap: its bound grows with the number of tests."""
+        prof = get_profile(profile)
+        if prof.job_time_cap:
+            return None
+        defaults: dict[str, Any] = getattr(self.sandbox, "defaults", {}) or {}
+        per_test = self.per_test_timeout or float(defaults.get("per_test_timeout", 6.0))
+        configured = float(defaults.get("job_timeout", 60.0))
+        return prof.job_wall_bound(per_test, n_tests, configured)
+
     def grade_code(
         self, items: Sequence[tuple[Problem, str | None]], with_public: bool = True
     ) -> list[Grade]:
-        """Grade already-extracted code (None means the answer had no code)."""
+        """Grade already-extracted code (None means the answer had no code).
+
+        `with_public=False` runs the private tests alone (falling back to the public ones for a
+        problem without private tests) and rewards on them.
+        """
         jobs: list[Job] = []
         slots: list[int] = []
         for index, (problem, code) in enumerate(items):
             if code is None:
                 continue
-            tests = (list(problem.public_tests) if with_public else []) + list(problem.all_tests)
+            public, private, _ = self._split(problem, with_public)
+            tests = list(public) + list(private)
+            profile = profile_of(problem, self.profile)
             jobs.append(
                 Job(
                     code=code,
@@ -118,21 +206,25 @@ class Grader:
                     tests=[{"input": t.input, "output": t.output} for t in tests],
                     fn_name=problem.fn_name,
                     per_test_timeout=self.per_test_timeout,
+                    job_timeout=self._job_timeout(profile, len(tests)),
                     early_stop=self.early_stop,
+                    profile=profile,
                 )
             )
             slots.append(index)
         results = self.sandbox.run_batch(jobs) if jobs else []
-        grades = [Grade(code=None) for _ in items]
+        grades = [Grade(code=None, passed=False) for _ in items]
         for slot, result in zip(slots, results, strict=True):
             problem, code = items[slot]
-            n_public = len(problem.public_tests) if with_public else 0
-            public_part = JobResult(result.tests[:n_public])
-            private_part = JobResult(result.tests[n_public:])
+            public, private, public_counts = self._split(problem, with_public)
+            public_part = result.tests[: len(public)]
+            private_part = result.tests[len(public) :]
+            counted = JobResult((public_part if public_counts else []) + private_part)
             grades[slot] = Grade(
                 code=code,
-                public=_feedback(problem.public_tests, public_part.tests) if with_public else [],
-                private=_feedback(problem.all_tests, private_part.tests),
-                reward=reward_from(private_part, self.reward_kind),
+                public=_feedback(public, public_part),
+                private=_feedback(private, private_part),
+                reward=reward_from(counted, self.reward_kind),
+                passed=counted.all_passed,
             )
         return grades

@@ -1,8 +1,11 @@
-"""Run one job's tests inside the current process and report a verdict per test.
+"""Run one job's tests inside the current (answer's) process and report each test's raw outcome.
 
-Standard library only: the local sandbox imports it in its forked children, and the E2B sandbox
-ships this file's source verbatim to the remote machine. All tests of a job run in one process, so
-grading costs one fork per job rather than one per test.
+The harness never decides a verdict and never sees an expected output: for each test it reports
+what the answer did (its stdout, the returned value as plain data, what humaneval checks
+reported, how it ended, the CPU and wall time it used) and the judge (`mars2.sandbox.judge`, in
+another process) compares. Standard library only (plus the loose `compare`/`prelude` modules): the
+local sandbox runs it in forked children, and the E2B sandbox ships this file verbatim to the
+remote machine. All tests of a job run in one process, so grading costs one fork per job.
 """
 
 from __future__ import annotations
@@ -10,17 +13,22 @@ from __future__ import annotations
 import builtins
 import io
 import json
-import math
 import os
 import signal
 import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from decimal import Decimal, InvalidOperation
 from json.encoder import encode_basestring_ascii as _quote
 from types import CodeType
 from typing import Any
+
+try:  # inside the mars2 package; E2B ships compare.py and prelude.py next to this file
+    from mars2.sandbox import prelude as _prelude
+    from mars2.sandbox.compare import clip, encode_value, find_callable, get_profile
+except ImportError:
+    import prelude as _prelude  # type: ignore[no-redef]
+    from compare import clip, encode_value, find_callable, get_profile  # type: ignore[no-redef]
 
 PASSED = "passed"
 WRONG_ANSWER = "wrong_answer"
@@ -30,12 +38,28 @@ MEMORY_EXCEEDED = "memory_exceeded"
 OUTPUT_LIMIT = "output_limit"
 COMPILE_ERROR = "compile_error"
 SKIPPED = "skipped"
+OVERLOADED = "overloaded"
+
+# How a test ended, as the harness reports it ("status"); the judge turns it into a verdict.
+OK = "ok"
+WALL = "wall"  # the wall-clock safety net tripped before the CPU budget: idle or starved
 
 TEXT_CAP = 2000  # characters of actual output / error kept per test for feedback
+# A test that spent at least this share of its wall time waiting for a CPU (or, where the wait is
+# not measurable, running on one) was starved by other load rather than idle.
+BUSY_SHARE = 0.2
+# How many more times a starved test's wall-clock net is re-armed before it is given up on: the
+# CPU-time limit, not the machine's load, should end a busy test.
+WALL_EXTENSIONS = 3
+REPORT_NAME = "__mars2_report__"  # how rewritten humaneval checks hand values to the judge
 
 
-class _TestTimeout(BaseException):
-    """Raised by SIGALRM; a BaseException so that `except Exception` in user code cannot swallow it."""
+class _CpuTimeout(BaseException):
+    """Raised by SIGPROF; a BaseException so that `except Exception` in user code cannot swallow it."""
+
+
+class _WallTimeout(BaseException):
+    """Raised by SIGALRM: the test's wall-clock safety net."""
 
 
 class _OutputLimit(BaseException):
@@ -43,52 +67,7 @@ class _OutputLimit(BaseException):
 
 
 def _clip(text: str, cap: int = TEXT_CAP) -> str:
-    return text if len(text) <= cap else text[:cap] + f"... [{len(text) - cap} more chars]"
-
-
-# --- comparison (LiveCodeBench semantics) ----------------------------------------------------
-
-
-def _numeric_tokens(line: str) -> list[Decimal] | None:
-    try:
-        return [Decimal(tok) for tok in line.split()]
-    except InvalidOperation:
-        return None
-
-
-def compare_stdout(actual: str, expected: str) -> bool:
-    """Whitespace-stripped lines must match; a mismatching line may still match as numbers."""
-    got = [line.strip() for line in actual.strip().split("\n")]
-    want = [line.strip() for line in expected.strip().split("\n")]
-    if len(got) != len(want):
-        return False
-    for a, b in zip(got, want):
-        if a == b:
-            continue
-        na, nb = _numeric_tokens(a), _numeric_tokens(b)
-        if na is None or nb is None or len(na) != len(nb) or na != nb:
-            return False
-    return True
-
-
-def _normalise(value: Any) -> Any:
-    if isinstance(value, (tuple, list)):
-        return [_normalise(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _normalise(v) for k, v in value.items()}
-    return value
-
-
-def compare_call(actual: Any, expected: Any) -> bool:
-    """`==` after turning tuples into lists; floats within 1e-9; a one-item list wraps tolerated."""
-    a, b = _normalise(actual), _normalise(expected)
-    if a == b:
-        return True
-    if isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
-        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
-    if isinstance(b, list) and len(b) == 1 and a == b[0]:
-        return True
-    return False
+    return clip(text, cap)
 
 
 # --- result lines ----------------------------------------------------------------------------
@@ -104,10 +83,17 @@ def encode_result(result: dict[str, Any]) -> str:
 
 
 def _json_value(value: Any) -> str:
-    if type(value) is str:
+    kind = type(value)
+    if kind is str:
         return _quote(value)
-    if type(value) is int or (type(value) is float and value - value == 0.0):  # finite floats
+    if kind is int or (kind is float and value - value == 0.0):  # finite floats
         return repr(value)
+    if value is None or kind is bool:
+        return "null" if value is None else ("true" if value else "false")
+    if kind is list:
+        return "[" + ", ".join([_json_value(v) for v in value]) + "]"
+    if kind is dict and all(type(k) is str for k in value):
+        return "{" + ", ".join([_quote(k) + ": " + _json_value(v) for k, v in value.items()]) + "}"
     return json.dumps(value)
 
 
@@ -152,13 +138,55 @@ class _CappedText(io.TextIOBase):
 # --- running ---------------------------------------------------------------------------------
 
 
-def _on_alarm(signum: int, frame: Any) -> None:
-    raise _TestTimeout()
+def _on_cpu_limit(signum: int, frame: Any) -> None:
+    raise _CpuTimeout()
+
+
+class _WallNet:
+    """The current test's wall-clock net: re-armed while the test is starved, not idle."""
+
+    def __init__(self, wall_limit: float, delay_at_start: float | None) -> None:
+        self.wall_limit = wall_limit
+        self.delay_at_start = delay_at_start
+        self.began = 0.0
+        self.cpu_began = 0.0
+        self.left = 0
+
+    def arm(self, began: float, cpu_began: float) -> None:
+        self.began, self.cpu_began, self.left = began, cpu_began, WALL_EXTENSIONS
+        signal.setitimer(signal.ITIMER_REAL, self.wall_limit)
+
+    def delay(self) -> float | None:
+        now = run_delay()
+        if now is None or self.delay_at_start is None:
+            return None
+        return now - self.delay_at_start
+
+    def on_alarm(self, signum: int, frame: Any) -> None:
+        if self.left > 0:
+            wall = time.perf_counter() - self.began
+            waited = self.delay()
+            if waited is None:
+                waited = time.process_time() - self.cpu_began
+            if waited >= BUSY_SHARE * wall:
+                self.left -= 1
+                signal.setitimer(signal.ITIMER_REAL, self.wall_limit)
+                return
+        raise _WallTimeout()
 
 
 def _fake_exit(code: int = 0) -> None:
-    # os._exit would end the process before its output is judged: treat it like sys.exit.
+    # os._exit would end the process before its output is reported: treat it like sys.exit.
     raise SystemExit(code)
+
+
+def run_delay() -> float | None:
+    """Seconds this process has waited for a CPU while runnable (schedstat), None if unknown."""
+    try:
+        with open("/proc/self/schedstat", "rb") as handle:
+            return int(handle.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _set_stdin(text: str, scratch: str | None) -> None:
@@ -174,21 +202,25 @@ def _set_stdin(text: str, scratch: str | None) -> None:
     sys.stdin = io.TextIOWrapper(io.BytesIO(text.encode("utf-8")), encoding="utf-8")
 
 
-def _classify(err: BaseException) -> str:
-    if isinstance(err, _TestTimeout):
+def _status_of(err: BaseException) -> str:
+    if isinstance(err, _CpuTimeout):
         return TIMEOUT
+    if isinstance(err, _WallTimeout):
+        return WALL
     if isinstance(err, _OutputLimit):
         return OUTPUT_LIMIT
     if isinstance(err, MemoryError):
         return MEMORY_EXCEEDED
     if isinstance(err, AssertionError):
-        return WRONG_ANSWER
+        return WRONG_ANSWER  # a humaneval assert that ran beside the answer failed
     return RUNTIME_ERROR
 
 
 def _error_text(err: BaseException) -> str:
-    if isinstance(err, _TestTimeout):
+    if isinstance(err, _CpuTimeout):
         return "time limit exceeded"
+    if isinstance(err, _WallTimeout):
+        return "wall-clock safety net exceeded"
     if isinstance(err, _OutputLimit):
         return "output limit exceeded"
     lines = traceback.format_exception(type(err), err, err.__traceback__)
@@ -197,154 +229,227 @@ def _error_text(err: BaseException) -> str:
     return _clip("".join(kept))
 
 
-def _find_callable(namespace: dict[str, Any], fn_name: str) -> Callable[..., Any]:
-    solution_cls = namespace.get("Solution")
-    if isinstance(solution_cls, type) and hasattr(solution_cls, fn_name):
-        return getattr(solution_cls(), fn_name)
-    fn = namespace.get(fn_name)
-    if callable(fn):
-        return fn
-    raise NameError(f"no function or Solution method named {fn_name!r}")
-
-
 def compile_solution(code: str) -> CodeType:
     """Compile user code as its own module: no `__future__` flags are inherited from this file."""
     return compile(code, "<solution>", "exec", dont_inherit=True)
 
 
 def compile_error_results(err: BaseException, start: int, count: int) -> list[dict[str, Any]]:
-    """The results of tests[start:count] for code that does not compile."""
+    """The verdict rows of tests[start:count] for code that does not compile."""
     error = _clip(f"{type(err).__name__}: {err}")
     return [{"index": i, "verdict": COMPILE_ERROR, "error": error} for i in range(start, count)]
+
+
+class _Run:
+    """The state one child keeps across the tests of its job."""
+
+    def __init__(
+        self,
+        code: str,
+        compiled: CodeType,
+        kind: str,
+        fn_name: str | None,
+        profile: str,
+        scratch: str | None,
+        test_code: Sequence[CodeType | None] | None,
+        clean_builtins: dict[str, Any],
+    ) -> None:
+        self.code = code
+        self.compiled = compiled
+        self.kind = kind
+        self.fn_name = fn_name
+        self.profile = profile
+        self.prelude = _prelude.compiled(profile) if get_profile(profile).prelude else None
+        self.scratch = scratch
+        self.test_code = test_code
+        self.clean_builtins = clean_builtins
+        self.namespace: dict[str, Any] | None = None
+        self.function: Callable[..., Any] | None = None
+
+    def _module(self) -> dict[str, Any]:
+        """The answer's module namespace, run once per child for call and humaneval tests."""
+        if self.namespace is None:
+            namespace: dict[str, Any] = {"__name__": "__solution__", "__builtins__": builtins}
+            if self.prelude is not None:
+                exec(self.prelude, namespace)
+            self.namespace = namespace
+            exec(self.compiled, namespace)
+        return self.namespace
+
+    def stdin_test(self, text: str, out: _CappedText, result: dict[str, Any]) -> None:
+        _set_stdin(text, self.scratch)
+        namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+        try:
+            if self.prelude is not None:
+                exec(self.prelude, namespace)
+            exec(self.compiled, namespace)
+        except SystemExit as stop:
+            if stop.code not in (None, 0):
+                result["exit"] = stop.code if type(stop.code) is int else 1
+        finally:
+            result["stdout"] = out.getvalue()
+
+    def call_test(self, text: str, result: dict[str, Any]) -> None:
+        namespace = self._module()
+        assert self.fn_name is not None
+        if self.function is None:
+            self.function = find_callable(namespace, self.fn_name, self.code, self.profile)
+        args = [json.loads(line) for line in text.split("\n") if line.strip()]
+        result["value"] = encode_value(self.function(*args))
+
+    def humaneval_test(self, index: int, text: str, result: dict[str, Any]) -> None:
+        namespace = self._module()
+        assert self.fn_name is not None
+        check = self.test_code[index] if self.test_code else None
+        if check is None:
+            check = compile(text, "<check>", "exec", dont_inherit=True)
+        reports: list[Any] = []
+        result["reports"] = reports
+
+        def report(site: int, value: Any) -> None:
+            reports.append([site, encode_value(value)])
+
+        # The check runs with the builtins as they were before the answer ran, so the answer's
+        # module code cannot redefine what the check's own code calls (abs, len, sorted...).
+        check_globals = dict(namespace)
+        check_globals["__builtins__"] = self.clean_builtins
+        check_globals[REPORT_NAME] = report
+        exec(check, check_globals)
+        check_globals["check"](namespace[self.fn_name])
 
 
 def run_tests(
     code: str,
     kind: str,
-    tests: list[dict[str, str]],
+    inputs: Sequence[str],
     emit: Callable[[dict[str, Any]], None],
     *,
     fn_name: str | None = None,
     start: int = 0,
-    per_test_timeout: float = 6.0,
+    cpu_limit: float = 6.0,
+    wall_limit: float | None = None,
     output_limit: int = 1 << 20,
-    early_stop: bool = False,
+    profile: str = "lenient",
     scratch: str | None = None,
     solution: CodeType | None = None,
     test_code: Sequence[CodeType | None] | None = None,
+    clean_builtins: dict[str, Any] | None = None,
+    fresh: bool = False,
+    stop_on_error: bool = False,
 ) -> None:
-    """Run tests[start:] against `code`, calling `emit` with one result dict per test, in order.
+    """Run the tests with `inputs[start:]` against `code`, emitting one raw record per test.
 
+    A record holds "index", "status" (ok, timeout, wall, runtime_error, ...), "time" and "cpu"
+    (seconds used by the test), "error"/"stderr" text, and the raw output: "stdout" (stdin
+    tests), "exit" (a non-zero exit status), "value" (a call test's encoded return value) or
+    "reports" (values rewritten humaneval asserts reported). `cpu_limit` is the per-test CPU-time
+    budget (the `timeout` status); `wall_limit` a wall-clock safety net (the `wall` status), re-armed
+    up to WALL_EXTENSIONS times while the test is starved of CPU rather than idle.
     `solution` is `code` already compiled, if the caller did it; `test_code` optionally holds the
-    humaneval check sources already compiled (None where not).
+    humaneval check sources already compiled (None where not). `fresh`: this process was just
+    forked for the job (its CPU-wait counter starts at zero). `stop_on_error`: stop after the
+    first test that did not end normally (early stop; a wrong output is only known to the judge).
     """
     real_stdout, real_stderr, real_stdin = sys.stdout, sys.stderr, sys.stdin
     real_exit = os._exit
-    signal.signal(signal.SIGALRM, _on_alarm)
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
+    signal.signal(signal.SIGPROF, _on_cpu_limit)
+    settings = get_profile(profile)
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), settings.recursion_limit))
+    if settings.int_max_str_digits is not None and hasattr(sys, "set_int_max_str_digits"):
+        sys.set_int_max_str_digits(settings.int_max_str_digits)
     try:
         compiled = solution if solution is not None else compile_solution(code)
     except (SyntaxError, ValueError, MemoryError) as err:
-        for row in compile_error_results(err, start, len(tests)):
-            emit(row)
+        error = _clip(f"{type(err).__name__}: {err}")
+        for index in range(start, len(inputs)):
+            emit({"index": index, "status": COMPILE_ERROR, "error": error})
         return
+    run = _Run(
+        code, compiled, kind, fn_name, profile, scratch, test_code,
+        clean_builtins if clean_builtins is not None else dict(builtins.__dict__),
+    )  # fmt: skip
+    # A forked child's schedstat starts at zero; elsewhere (E2B) the process ran before this.
+    net = None if wall_limit is None else _WallNet(wall_limit, 0.0 if fresh else run_delay())
+    if net is not None:
+        signal.signal(signal.SIGALRM, net.on_alarm)
     os._exit = _fake_exit  # type: ignore[assignment]
-    namespace: dict[str, Any] | None = None
     try:
-        for index in range(start, len(tests)):
-            test = tests[index]
+        for index in range(start, len(inputs)):
             out, err_sink = _CappedText(output_limit), _CappedText(output_limit)
-            result: dict[str, Any] = {"index": index}
-            began = time.perf_counter()
+            result: dict[str, Any] = {"index": index, "status": OK}
+            began, cpu_began = time.perf_counter(), time.process_time()
             try:
                 sys.stdout, sys.stderr = out, err_sink
-                signal.setitimer(signal.ITIMER_REAL, per_test_timeout)
+                signal.setitimer(signal.ITIMER_PROF, cpu_limit)
+                if net is not None:
+                    net.arm(began, cpu_began)
                 try:
                     if kind == "stdin":
-                        _set_stdin(test["input"], scratch)
-                        try:
-                            exec(compiled, {"__name__": "__main__", "__builtins__": builtins})
-                        except SystemExit as stop:
-                            if stop.code not in (None, 0):
-                                raise RuntimeError(f"exit code {stop.code}") from None
-                        verdict = (
-                            PASSED
-                            if compare_stdout(out.getvalue(), test["output"])
-                            else WRONG_ANSWER
-                        )
-                        result["actual"] = _clip(out.getvalue())
+                        run.stdin_test(inputs[index], out, result)
+                    elif kind == "call":
+                        run.call_test(inputs[index], result)
                     else:
-                        if namespace is None:
-                            namespace = {"__name__": "__solution__", "__builtins__": builtins}
-                            exec(compiled, namespace)
-                        assert fn_name is not None
-                        if kind == "call":
-                            args = [
-                                json.loads(line)
-                                for line in test["input"].split("\n")
-                                if line.strip()
-                            ]
-                            value = _find_callable(namespace, fn_name)(*args)
-                            verdict = (
-                                PASSED
-                                if compare_call(value, json.loads(test["output"]))
-                                else WRONG_ANSWER
-                            )
-                            result["actual"] = _clip(repr(value))
-                        else:  # humaneval: the test source defines check(candidate)
-                            check = test_code[index] if test_code else None
-                            if check is None:
-                                check = compile(
-                                    test["input"], "<string>", "exec", dont_inherit=True
-                                )
-                            exec(check, namespace)
-                            namespace["check"](namespace[fn_name])
-                            verdict = PASSED
+                        run.humaneval_test(index, inputs[index], result)
                 finally:
                     signal.setitimer(signal.ITIMER_REAL, 0)
+                    signal.setitimer(signal.ITIMER_PROF, 0)
                     sys.stdout, sys.stderr = real_stdout, real_stderr
             except BaseException as err:
                 if isinstance(err, KeyboardInterrupt):
                     raise
-                verdict = _classify(err)
+                result["status"] = _status_of(err)
                 result["error"] = _error_text(err)
                 if kind == "stdin":
-                    result["actual"] = _clip(out.getvalue())
-            result["verdict"] = verdict
+                    result["stdout"] = out.getvalue()
+                if net is not None and isinstance(err, _WallTimeout):
+                    delay = net.delay()
+                    if delay is not None:
+                        result["delay"] = round(delay, 6)
             result["time"] = round(time.perf_counter() - began, 6)
+            result["cpu"] = round(time.process_time() - cpu_began, 6)
+            result["cpu_total"] = round(time.process_time(), 6)
             stderr_text = err_sink.getvalue()
             if stderr_text:
                 result["stderr"] = _clip(stderr_text)
             emit(result)
-            if early_stop and verdict != PASSED:
-                for rest in range(index + 1, len(tests)):
-                    emit({"index": rest, "verdict": SKIPPED})
-                return
+            if result["status"] == WALL or (stop_on_error and result["status"] != OK):
+                return  # the judge decides whether to run the rest (again)
     finally:
         os._exit = real_exit
         sys.stdin = real_stdin
 
 
+MARKER = "@@MARS2@@"
+
+
 def main() -> None:
-    """Entry point for remote runs: read a job as JSON from argv[1] (a file), print result lines."""
+    """Entry point for remote runs: read a job (inputs only) as JSON from argv[1], print records.
+
+    Each record is printed on its own line after `MARKER`; anything else on stdout is ignored by
+    the judge, which runs on the caller's side.
+    """
     with open(sys.argv[1], encoding="utf-8") as handle:
         job = json.load(handle)
     out = sys.stdout
 
     def emit(result: dict[str, Any]) -> None:
-        out.write("@@MARS2@@" + encode_result(result) + "\n")
+        out.write(MARKER + encode_result(result) + "\n")
         out.flush()
 
+    per_test = float(job.get("per_test_timeout", 6.0))
     run_tests(
         job["code"],
         job["kind"],
-        job["tests"],
+        job["inputs"],
         emit,
         fn_name=job.get("fn_name"),
-        per_test_timeout=job.get("per_test_timeout", 6.0),
+        start=int(job.get("start", 0)),
+        cpu_limit=per_test,
+        wall_limit=float(job.get("wall_limit", per_test * 3 + 1)),
         output_limit=job.get("output_limit", 1 << 20),
-        early_stop=job.get("early_stop", False),
+        profile=job.get("profile", "lenient"),
         scratch=os.getcwd(),
+        stop_on_error=bool(job.get("early_stop", False)),
     )
 
 

@@ -1,28 +1,38 @@
-"""Linux process isolation for sandbox workers: namespaces, a read-only root, a dropped uid, rlimits.
+"""Linux process isolation for sandbox workers: namespaces, private mounts, a dropped uid, seccomp.
 
 Stdlib + ctypes only. Every step is best effort: what the OS refuses is reported back (and logged
-by the pool) rather than failing the sandbox. This confines honest mistakes and sloppy code (hangs,
-fork bombs, memory blow-ups, stray writes, network calls); it is not a security boundary against a
-determined attacker.
+by the pool) rather than failing the sandbox. See README's security paragraph for what this does
+and does not guarantee.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import platform
 import resource
 import signal
+import struct
+import sys
+import time
+from collections.abc import Iterable
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
+# CLONE_NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET | NEWNS
+_NAMESPACE_FLAGS = 0x7E020000
 MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
 MS_REMOUNT = 32
 MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
-PR_SET_KEEPCAPS = 8
-CAP_DAC_READ_SEARCH = 2
-_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+MNT_DETACH = 2
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
 
 
 class IsolationReport:
@@ -35,7 +45,11 @@ class IsolationReport:
     def __init__(self) -> None:
         self.network_isolated = False
         self.readonly_root = False
+        self.pid_namespace = False
+        self.private_tmp = False
+        self.seccomp = False
         self.sandbox_uid: int | None = None
+        self.hidden: list[str] = []
         self.missing: list[str] = []
 
 
@@ -55,74 +69,239 @@ def _check(result: int, what: str) -> None:
         raise OSError(errno, f"{what}: {os.strerror(errno)}")
 
 
-def isolate_worker(
-    scratch_root: str, network: bool, readonly_root: bool, report: IsolationReport
+def _mount(
+    source: str | None, target: str, fstype: str | None, flags: int, data: str | None
 ) -> None:
-    """Move this (worker) process into new mount/net namespaces; children inherit them."""
+    enc = [None if v is None else v.encode() for v in (source, target, fstype, data)]
+    _check(_libc().mount(enc[0], enc[1], enc[2], flags, enc[3]), f"mount {target}")
+
+
+def interpreter_paths() -> list[str]:
+    """Directories user code may import from: the interpreter's prefixes and its sys.path."""
+    found: list[str] = []
+    here = os.getcwd()  # sys.path[0] under `python -m`: the trainer's directory, not the library's
+    for path in [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *sys.path]:
+        if path and path != here and os.path.isdir(path):
+            real = os.path.realpath(path)
+            if real not in found:
+                found.append(real)
+    # Keep only the outermost: binding a prefix brings what is below it.
+    return [p for p in found if not any(p != q and p.startswith(q + os.sep) for q in found)]
+
+
+def _closed_ancestor(path: str) -> str | None:
+    """The outermost directory above `path` that other users may not enter, if any."""
+    parts = path.strip(os.sep).split(os.sep)
+    for depth in range(len(parts)):
+        ancestor = os.sep + os.sep.join(parts[:depth])
+        if ancestor != path and not os.stat(ancestor).st_mode & 0o001:
+            return ancestor
+    return None
+
+
+def _expose_interpreter(needed: Iterable[str], staging: str, report: IsolationReport) -> None:
+    """Make what Python imports readable without CAP_DAC_READ_SEARCH.
+
+    For a directory others cannot enter (e.g. /root, holding a pyenv), this worker's mount
+    namespace gets an empty tmpfs over it with only the needed paths bound back: everything else
+    in it disappears for the jobs (and for this worker).
+    """
+    closed: dict[str, list[str]] = {}
+    for path in needed:
+        ancestor = _closed_ancestor(path)
+        if ancestor is not None:
+            closed.setdefault(ancestor, []).append(path)
+    for count, (ancestor, paths) in enumerate(sorted(closed.items())):
+        stages = []
+        for i, path in enumerate(paths):
+            stage = os.path.join(staging, f"keep-{count}-{i}")
+            os.mkdir(stage, 0o700)
+            _mount(path, stage, None, MS_BIND | MS_REC, None)
+            stages.append(stage)
+        _mount("tmpfs", ancestor, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+        for path, stage in zip(paths, stages):
+            os.makedirs(path, 0o755, exist_ok=True)
+            _mount(stage, path, None, MS_BIND | MS_REC, None)
+            _libc().umount2(stage.encode(), MNT_DETACH)
+        report.hidden.append(ancestor)
+
+
+def isolate_worker(
+    scratch_root: str,
+    network: bool,
+    readonly_root: bool,
+    tmp_size_mb: int,
+    report: IsolationReport,
+    pid_namespace: bool = True,
+) -> str | None:
+    """Move this (worker) process into new mount/net/pid namespaces; children inherit them.
+
+    Returns the private, size-capped tmpfs mounted on /tmp for job directories (None without).
+    """
     if os.geteuid() != 0:
         report.missing.append("namespaces (not root)")
-        return
+        return None
     libc = _libc()
-    flags = (CLONE_NEWNET if not network else 0) | (CLONE_NEWNS if readonly_root else 0)
-    if not flags:
-        return
+    flags = (CLONE_NEWNET if not network else 0) | CLONE_NEWNS
     try:
         _check(libc.unshare(flags), "unshare")
     except OSError as err:
         report.missing.append(f"namespaces ({err})")
-        return
+        return None
     report.network_isolated = not network
+    try:
+        # The next child forked (the executor) is init of a pid namespace holding only jobs.
+        if not pid_namespace:
+            raise OSError(0, "disabled by the configuration")
+        _check(libc.unshare(CLONE_NEWPID), "unshare pid")
+        report.pid_namespace = True
+    except OSError as err:
+        report.missing.append(f"pid namespace ({err}): jobs are reaped by uid")
+    tmp_root = None
+    needed = interpreter_paths()
+    try:
+        _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+        _expose_interpreter(needed, scratch_root, report)
+        _mount(scratch_root, scratch_root, None, MS_BIND | MS_REC, None)
+        if any(p == d or p.startswith(d + os.sep) for p in needed for d in ("/tmp", "/dev/shm")):
+            raise OSError(0, "the interpreter lives under /tmp or /dev/shm: no private tmpfs")
+        options = f"size={max(1, tmp_size_mb)}m"
+        _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, options + ",mode=0755")
+        _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, options + ",mode=1777")
+        tmp_root = "/tmp"
+        report.private_tmp = True
+    except OSError as err:
+        report.missing.append(f"private mounts ({err})")
     if readonly_root:
         try:
-            root, scratch = b"/", scratch_root.encode()
-            _check(libc.mount(None, root, None, MS_REC | MS_PRIVATE, None), "make mounts private")
-            _check(libc.mount(scratch, scratch, None, MS_BIND | MS_REC, None), "bind scratch")
-            _check(
-                libc.mount(None, root, None, MS_BIND | MS_REMOUNT | MS_RDONLY, None), "remount / ro"
-            )
+            _mount(None, "/", None, MS_BIND | MS_REMOUNT | MS_RDONLY, None)
             report.readonly_root = True
         except OSError as err:
             report.missing.append(f"read-only root ({err})")
+    return tmp_root
 
 
-class _CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+# --- seccomp -----------------------------------------------------------------------------------
+
+_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+# unshare, setns, clone, clone3, mount, umount2, pivot_root, chroot, bpf, userfaultfd,
+# perf_event_open, keyctl, add_key, request_key
+_SYSCALLS = {
+    "x86_64": dict(
+        unshare=272, setns=308, clone=56, clone3=435, mount=165, umount2=166, pivot_root=155,
+        chroot=161, bpf=321, userfaultfd=323, perf_event_open=298, keyctl=250, add_key=248,
+        request_key=249,
+    ),
+    "aarch64": dict(
+        unshare=97, setns=268, clone=220, clone3=435, mount=40, umount2=39, pivot_root=41,
+        chroot=51, bpf=280, userfaultfd=282, perf_event_open=241, keyctl=219, add_key=217,
+        request_key=218,
+    ),
+}  # fmt: skip
+_RET_ALLOW = 0x7FFF0000
+_RET_ERRNO = 0x00050000
+_EPERM, _ENOSYS = 1, 38
 
 
-class _CapData(ctypes.Structure):
-    _fields_ = [
-        ("effective", ctypes.c_uint32),
-        ("permitted", ctypes.c_uint32),
-        ("inheritable", ctypes.c_uint32),
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+
+def seccomp_program() -> bytes | None:
+    """A BPF filter refusing new namespaces (unshare, setns, clone with CLONE_NEW*) and a few
+    kernel attack surfaces; clone3 answers ENOSYS so that libc falls back to clone, whose flags
+    the filter can read. None on architectures it does not know."""
+    machine = platform.machine()
+    if machine not in _AUDIT_ARCH:
+        return None
+    nr = _SYSCALLS[machine]
+    code: list[
+        tuple[int, int, int, int]
+    ] = []  # (op, jt, jf, k) with jt/jf as labels resolved below
+    deny, nosys, allow = "deny", "nosys", "allow"
+    prog: list[tuple[int, object, object, int]] = [
+        (0x20, 0, 0, 4),  # ld arch
+        (0x15, 0, deny, _AUDIT_ARCH[machine]),  # jeq arch
+        (0x20, 0, 0, 0),  # ld nr
+        (0x35, deny, 0, 0x40000000),  # jge x32 syscall bit
+        (0x15, nosys, 0, nr["clone3"]),
     ]
+    for name in ("unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "bpf",
+                 "userfaultfd", "perf_event_open", "keyctl", "add_key", "request_key"):  # fmt: skip
+        prog.append((0x15, deny, 0, nr[name]))
+    prog += [
+        (0x15, 0, allow, nr["clone"]),
+        (0x20, 0, 0, 16),  # ld args[0] (low 32 bits)
+        (0x45, deny, 0, _NAMESPACE_FLAGS),  # jset
+    ]
+    labels = {allow: len(prog), deny: len(prog) + 1, nosys: len(prog) + 2}
+    prog += [
+        (0x06, 0, 0, _RET_ALLOW),
+        (0x06, 0, 0, _RET_ERRNO | _EPERM),
+        (0x06, 0, 0, _RET_ERRNO | _ENOSYS),
+    ]
+    for position, (op, jt, jf, k) in enumerate(prog):
+        jumps = [labels[j] - position - 1 if isinstance(j, str) else int(j) for j in (jt, jf)]  # type: ignore[call-overload]
+        code.append((op, jumps[0], jumps[1], k))
+    return b"".join(struct.pack("HBBI", op, jt, jf, k) for op, jt, jf, k in code)
 
 
 class UidDropper:
-    """Becomes `uid` in a forked child (so RLIMIT_NPROC applies), keeping only the right to read.
+    """Becomes `uid` in a forked child with no capabilities, no_new_privs and the seccomp filter.
 
-    Reading stays allowed because the interpreter and its libraries may live in a directory only
-    root can read (for example a pyenv under /root), and user code imports lazily. The ctypes
-    arguments are built once in the worker: building them in every child costs more than the call.
+    The ctypes arguments are built once in the worker: building them in every child costs more
+    than the calls.
     """
 
-    def __init__(self, uid: int) -> None:
+    def __init__(self, uid: int | None, report: IsolationReport) -> None:
         self.uid = uid
         libc = _libc()
         # Resolved here, not in the child: the first lookup of a ctypes symbol costs page faults.
         self._prctl = libc.prctl
-        self._capset = libc.capset
-        self._header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
-        self._data = (_CapData * 2)()
-        self._data[0].effective = self._data[0].permitted = 1 << CAP_DAC_READ_SEARCH
-        self._header_ref = ctypes.byref(self._header)
-        self._data_ref = ctypes.byref(self._data)
+        self._prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+        self._prctl.restype = ctypes.c_int
+        program = seccomp_program()
+        self._filter_bytes = program
+        self._fprog = None
+        if program is None:
+            report.missing.append(f"seccomp filter (unknown architecture {platform.machine()})")
+        else:
+            self._buffer = ctypes.create_string_buffer(program, len(program))
+            self._fprog = _SockFprog(len(program) // 8, ctypes.cast(self._buffer, ctypes.c_char_p))
+            self._fprog_ref = ctypes.addressof(self._fprog)
+        self.seccomp_ok = self._fprog is not None
 
     def drop(self) -> None:
-        _check(self._prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0), "prctl keepcaps")
-        os.setgroups([])
-        os.setgid(self.uid)
-        os.setuid(self.uid)
-        _check(self._capset(self._header_ref, self._data_ref), "capset")
+        """In the child: leave root for the sandbox uid, then lock the process down."""
+        if self.uid is not None:
+            os.setgroups([])
+            os.setgid(self.uid)
+            os.setuid(self.uid)  # from root to another uid, without KEEPCAPS: every capability goes
+        _check(self._prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        if self._fprog is not None:
+            _check(
+                self._prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, self._fprog_ref, 0, 0), "seccomp"
+            )
+
+
+def probe_seccomp(dropper: UidDropper) -> str | None:
+    """Install the filter in a throwaway child; the reason it fails, or None when it works."""
+    if dropper._fprog is None:
+        return "no filter for this architecture"
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            _check(dropper._prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+            _check(
+                dropper._prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, dropper._fprog_ref, 0, 0),
+                "seccomp",
+            )
+        except OSError:
+            code = 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return None if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 else "prctl refused it"
 
 
 def count_tasks_of(uid: int) -> int:
@@ -138,82 +317,43 @@ def count_tasks_of(uid: int) -> int:
     return count
 
 
+def kill_uid(uid: int, deadline: float) -> bool:
+    """As root, SIGKILL every process of `uid` until none is left or `deadline` passes.
+
+    The fallback reaper where no pid namespace could be made: it runs in the (root) executor, so
+    no job can signal or stop it. Returns whether the uid was left with no process.
+    """
+    me = os.getpid()
+    while True:
+        found = False
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) == me:
+                continue
+            try:
+                if os.stat(f"/proc/{name}").st_uid == uid:
+                    found = True
+                    os.kill(int(name), signal.SIGKILL)
+            except OSError:
+                continue
+        if not found:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.001)
+
+
 def apply_limits(
-    memory_bytes: int, cpu_seconds: int, max_processes: int, file_bytes: int, running_tasks: int
+    memory_bytes: int, cpu_seconds: int, max_tasks: int, file_bytes: int, running_tasks: int
 ) -> None:
     """Set the rlimits of the calling (child) process.
 
-    RLIMIT_NPROC counts every task of the uid: `running_tasks` is how many it already has (0 for a
-    dedicated uid), so that the child may start `max_processes` more.
+    RLIMIT_NPROC counts every task (process or thread) of the uid: `running_tasks` is how many it
+    already has (0 for a dedicated uid), so that the child may start `max_tasks` more.
     """
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))
     resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    limit = running_tasks + max_processes
+    limit = running_tasks + max_tasks
     resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails instead of killing
-
-
-class Reaper:
-    """A helper process running as `uid` that kills every other process of that uid on request.
-
-    ``kill(-1, SIGKILL)`` from a process of uid X reaches all of X's processes but the caller, so
-    children that escaped their process group (setsid, double fork) die too. It lives across jobs
-    because forking one per job costs more than the job; if user code kills it, it is restarted.
-    """
-
-    def __init__(self, uid: int) -> None:
-        self.uid = uid
-        self.pid = 0
-        self._start()
-
-    def _start(self) -> None:
-        request_r, self._request_w = os.pipe()
-        self._reply_r, reply_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.close(self._request_w)
-                os.close(self._reply_r)
-                os.setsid()
-                os.setuid(self.uid)
-                while os.read(request_r, 1):
-                    try:
-                        os.kill(-1, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                    os.write(reply_w, b"k")
-            finally:
-                os._exit(0)
-        os.close(request_r)
-        os.close(reply_w)
-        self.pid = pid
-
-    def _stop(self) -> None:
-        for fd in (self._request_w, self._reply_r):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-            os.waitpid(self.pid, 0)
-        except (OSError, ChildProcessError):
-            pass
-
-    def reap(self) -> None:
-        """Kill every process of the uid; returns once done."""
-        for _ in range(2):
-            try:
-                os.write(self._request_w, b"x")
-                if os.read(self._reply_r, 1) == b"k":
-                    return
-            except OSError:
-                pass
-            self._stop()  # killed by the code it guards: start a new one and try again
-            self._start()
-        raise RuntimeError("sandbox reaper could not be restarted")
-
-    def close(self) -> None:
-        self._stop()

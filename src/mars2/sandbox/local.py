@@ -18,10 +18,27 @@ from pathlib import Path
 from typing import Any
 
 from mars2.sandbox.base import Job, JobResult, Sandbox, Verdict, results_from_rows
+from mars2.sandbox.compare import get_profile
 from mars2.sandbox.uid_lease import DEFAULT_FIRST_UID, UidLease
 
 log = logging.getLogger(__name__)
 _SRC_DIR = str(Path(__file__).resolve().parents[2])
+# The only variables of the trainer's environment a worker (and so a job) gets: what the
+# interpreter needs to start and to decode text. Never tokens, keys or tracking credentials.
+ENV_ALLOW = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "LD_LIBRARY_PATH")
+# Seconds the pool waits beyond a job's own deadline for a worker to kill and reap it.
+_POOL_MARGIN = 5.0
+
+
+def worker_environment() -> dict[str, str]:
+    """The allow-listed environment a sandbox worker starts with."""
+    env = {key: os.environ[key] for key in ENV_ALLOW if key in os.environ}
+    env["PYTHONPATH"] = _SRC_DIR
+    env["PYTHONHASHSEED"] = "0"  # set iteration order, and so printed output, is reproducible
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["PYTHONNOUSERSITE"] = "1"
+    env["HOME"] = "/nonexistent"  # each job's HOME is set to its own directory
+    return env
 
 
 class WorkerCrashed(RuntimeError):
@@ -32,10 +49,7 @@ class _WorkerHandle:
     """One worker subprocess and the line protocol to it."""
 
     def __init__(self, config: dict[str, Any], wrapper: list[str]) -> None:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = _SRC_DIR + os.pathsep + env.get("PYTHONPATH", "")
-        env["PYTHONHASHSEED"] = "0"  # set iteration order, and so printed output, is reproducible
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env = worker_environment()
         command = [*wrapper, sys.executable, "-m", "mars2.sandbox.worker", json.dumps(config)]
         self.proc = subprocess.Popen(
             command,
@@ -96,14 +110,14 @@ class _WorkerHandle:
 class LocalSandbox(Sandbox):
     """Runs jobs in child processes forked from pre-started workers, under per-job limits.
 
-    Each job gets a fresh temporary directory, a per-test timeout (SIGALRM in the child, enforced
-    again from outside for code that blocks signals) and a whole-job timeout, RLIMIT_AS / CPU /
-    NPROC / FSIZE, capped stdout and stderr, and no network where the OS allows (new network
-    namespace as root). As root the workers also get a read-only view of the filesystem outside
-    their scratch directory and a dedicated uid each (so the fork limit really applies). The
-    worker compiles (never runs) answers up to 64 KiB before it forks. Not a security boundary
-    against a determined attacker. `wrapper="bwrap"` starts workers inside bubblewrap when it is
-    installed.
+    Each job runs in one child that reports raw outputs; its worker, another process, decides the
+    verdicts (see `worker` and `judge`). Per test a CPU-time limit with a wall-clock safety net
+    (`wall_factor`), per job a wall-clock limit; RLIMIT_AS / CPU / NPROC (processes + threads) /
+    FSIZE, capped stdout and stderr, an allow-listed environment, and no network where the OS
+    allows. As root also: a pid namespace per worker (everything a job starts dies with it), a
+    read-only filesystem, private capped /tmp and /dev/shm, a leased uid without capabilities,
+    no_new_privs and a seccomp filter. See README's security paragraph for what this does not
+    guarantee. `wrapper="bwrap"` starts workers inside bubblewrap when it is installed.
     """
 
     def __init__(
@@ -113,7 +127,12 @@ class LocalSandbox(Sandbox):
         job_timeout: float = 60.0,
         memory_mb: int = 2048,
         max_processes: int = 4,
+        max_threads: int = 32,
         file_size_mb: int = 16,
+        tmp_size_mb: int = 64,
+        wall_factor: float = 3.0,
+        overload_retries: int = 1,
+        pid_namespace: bool = True,
         output_limit_mb: float = 1.0,
         allow_network: bool = False,
         readonly_root: bool = True,
@@ -126,6 +145,10 @@ class LocalSandbox(Sandbox):
             raise ValueError("timeouts must be positive")
         if memory_mb < 64:
             raise ValueError("memory_mb below 64 leaves no room for the interpreter")
+        if max_processes < 1 or max_threads < 1 or tmp_size_mb < 1:
+            raise ValueError("max_processes, max_threads and tmp_size_mb must be >= 1")
+        if wall_factor < 1.0 or overload_retries < 0:
+            raise ValueError("wall_factor must be >= 1 and overload_retries >= 0")
         self.num_workers = num_workers or max(1, os.cpu_count() or 1)
         self.defaults = {
             "per_test_timeout": per_test_timeout,
@@ -138,14 +161,19 @@ class LocalSandbox(Sandbox):
             **self.defaults,
             "memory_mb": memory_mb,
             "max_processes": max_processes,
+            "max_threads": max_threads,
             "file_size_mb": file_size_mb,
+            "tmp_size_mb": tmp_size_mb,
+            "wall_factor": wall_factor,
+            "overload_retries": overload_retries,
+            "pid_namespace": pid_namespace,
             "allow_network": allow_network,
             "readonly_root": readonly_root and wrapper == "none",
             "scratch_dir": scratch_dir,
             "grace": 1.0,
         }
         # Each worker's uid is leased machine-wide: another pool (a second run, a DDP rank) never
-        # gets it, so no reaper ever kills another pool's jobs.
+        # gets it, so no pool ever kills another pool's jobs.
         self._uid_lease = (
             UidLease(self.num_workers, first_uid=base_uid)
             if dedicated_uids and os.geteuid() == 0
@@ -188,17 +216,22 @@ class LocalSandbox(Sandbox):
 
     def _run_on(self, index: int, job: Job) -> JobResult:
         payload = job.payload(self.defaults)
-        timeout = float(payload["job_timeout"]) + 10.0
+        bound = get_profile(payload["profile"]).job_wall_bound(
+            float(payload["per_test_timeout"]), len(job.tests), float(payload["job_timeout"])
+        )
+        # One deadline for every attempt: a job that hangs a worker costs at most its own time
+        # limit plus the margin, never that twice over.
+        deadline = time.monotonic() + bound + _POOL_MARGIN
         for attempt in range(2):
             handle = self._workers[index] or self._start_worker(index)
             try:
-                reply = handle.request(payload, timeout)
+                reply = handle.request(payload, max(0.0, deadline - time.monotonic()))
             except WorkerCrashed as err:
                 log.warning("sandbox worker %d failed (%s); restarting it", index, err)
                 handle.proc.kill()
                 handle.close()
                 self._workers[index] = None
-                if attempt == 1:
+                if attempt == 1 or deadline - time.monotonic() < bound:
                     return JobResult.failed(
                         len(job.tests), Verdict.RUNTIME_ERROR, f"sandbox worker crashed: {err}"
                     )
@@ -242,7 +275,7 @@ class LocalSandbox(Sandbox):
             if handle is not None:
                 handle.close()
                 self._workers[index] = None
-        # Only once every worker (and its reaper) is gone may another pool take these uids.
+        # Only once every worker (and its executor) is gone may another pool take these uids.
         if self._uid_lease is not None:
             self._uid_lease.release()
 

@@ -55,12 +55,19 @@ class PromptBuilder:
         return self._chat(self.fresh.format(**self._fields(problem)))
 
     def feedback_text(self, node: Node) -> str:
-        """What went wrong with `node`, from its public tests only (private tests never leak)."""
+        """What went wrong with `node`, from its public tests only.
+
+        Nothing here depends on tests the policy cannot see: an answer that passed every public
+        test gets the same words whether or not it failed a private one.
+        """
         if node.code is None:
             return "It contained no ```python code block that parses."
         failures = [f for f in node.grade.public if f.verdict is not Verdict.PASSED]
         if not failures:
-            return "It passed the visible tests but failed hidden tests; look for edge cases."
+            return (
+                "It passed every example test shown. Check it again for edge cases and "
+                "efficiency, and improve it if needed."
+            )
         parts = []
         for item in failures[: self.max_failures_shown]:
             text = f"Input:\n{item.input}\nExpected:\n{item.expected}\n"

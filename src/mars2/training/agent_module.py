@@ -350,4 +350,3 @@ def optimise_agent(
     result["updates"] = float(updates)
     result["lr"] = float(scheduler.get_last_lr()[0])
     return result
-
