@@ -391,3 +391,14 @@ def test_runs_of_dead_processes_are_marked_killed(tmp_path: Path) -> None:
     ]
     assert client.get_run(stale.info.run_id).info.status == "KILLED"
     assert client.get_run(tracker.run_id).info.status == "RUNNING"  # this process is alive
+
+
+def test_compiling_graded_code_prints_no_warnings() -> None:
+    import warnings
+
+    from mars2.sandbox.extract import extract_code
+
+    answer = "Here:\n```python\nimport re\nprint(re.findall('\\d+', input()))\n```"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning escaping to the console fails the test
+        assert extract_code(answer) == "import re\nprint(re.findall('\\d+', input()))\n"

@@ -57,10 +57,24 @@ def check_data_source(cfg: DictConfig, part: str) -> None:
         )
 
 
+# Problem sets already loaded in this process: validation loads them before any model, the
+# run's builders ask again later. Keyed by the resolved node and the source file's mtime.
+_LOADED: dict[tuple[str, str, int | None, int | None], list[Any]] = {}
+
+
 def load_problem_set(cfg: DictConfig, part: str, limit: int | None = None) -> list[Any]:
     """Instantiate `data.<part>` (first `limit` problems) and insist that it selects some."""
     check_data_source(cfg, part)
     node = cfg.data[part]
+    path = node.get("path")
+    stamp = Path(str(path)).stat().st_mtime_ns if path is not None else None
+    key = (part, OmegaConf.to_yaml(node, resolve=True), limit, stamp)
+    if key not in _LOADED:
+        _LOADED[key] = _load_problem_set(node, part, limit)
+    return list(_LOADED[key])
+
+
+def _load_problem_set(node: DictConfig, part: str, limit: int | None) -> list[Any]:
     try:
         problems = list(hydra.utils.instantiate(node, _convert_="all"))
     except FileNotFoundError as error:  # a file the loader opens itself
@@ -152,11 +166,11 @@ def check_settings(cfg: DictConfig, task: str) -> None:
 
 
 def validate_train_config(cfg: DictConfig) -> None:
-    """Everything a training run can check before it loads a model."""
+    """Everything a training run can check before it loads a model (the problem sets load here)."""
     check_settings(cfg, "train")
-    check_data_source(cfg, "train")
+    load_problem_set(cfg, "train")
     if cfg.get("warm_start") and not cfg.get("ckpt_path") and not cfg.get("resume"):
-        check_data_source(cfg, "warm_start")
+        load_problem_set(cfg, "warm_start")
 
 
 def validate_eval_config(cfg: DictConfig) -> None:
