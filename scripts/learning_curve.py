@@ -3,9 +3,12 @@
 Both tiny agents first get the same short supervised warm start on a disjoint set of solved
 problems, so that they emit runnable code. Then each method trains from those weights on the same
 problems with the same number of generated completions per step, and the held-out solve rate
-(pass@1) is measured every few steps. Writes a PNG and a JSON of the curves and prints the table.
+(pass@1) is measured every few steps. With ``--seeds N`` the whole experiment (warm start
+included) is repeated for seeds seed..seed+N-1 and the table and plot show mean ± sd over seeds.
+The weaker agent (tiny_llama) gets ``--weak-warm-epochs`` of warm start so that it starts as a
+real team member. Writes a PNG and a JSON of the curves and prints the table.
 
-    python scripts/learning_curve.py --steps 40 --out logs/learning_curve
+    python scripts/learning_curve.py --steps 40 --seeds 3 --out logs/learning_curve
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 from hydra import compose, initialize_config_dir
 
 from mars2.data.sources import arithmetic
@@ -36,15 +40,15 @@ METHODS = {
 }
 
 
-def warm_started(base: Path, out: Path, epochs: int, seed: int) -> Path:
-    """Warm-start both tiny agents once; every method starts from these weights."""
-    target = out / "warm"
+def warm_started(base: Path, out: Path, epochs: dict[str, int], seed: int) -> Path:
+    """Warm-start both tiny agents once per seed; every method starts from these weights."""
+    target = out / f"warm_seed{seed}"
     problems = arithmetic("warm_start")
     for name in ("tiny_qwen3", "tiny_llama"):
         if (target / name / "config.json").exists():
             continue
         agent = AgentModule(name, ModelSpec(str(base / name)), GenerationConfig(max_new_tokens=24))
-        losses = warm_start(agent, problems, WarmStartConfig(epochs=epochs, seed=seed))
+        losses = warm_start(agent, problems, WarmStartConfig(epochs=epochs[name], seed=seed))
         agent.save_pretrained(str(target / name))
         print(
             f"warm start {name}: loss {losses[0]:.3f} -> {losses[-1]:.3f} on {len(problems)} problems"
@@ -63,7 +67,7 @@ def run_method(
                 "data=arith",
                 "warm_start=null",  # done once above, so every method starts from the same weights
                 f"paths.tiny_models_dir={models}",
-                f"paths.output_dir={out / name.split()[0].lower()}",
+                f"paths.output_dir={out / f'{name.split()[0].lower()}_seed{args.seed}'}",
                 f"paths.log_dir={out}/logs",
                 "logger=csv",
                 "callbacks.checkpoint=null",
@@ -92,34 +96,44 @@ def run_method(
     return heldout.history
 
 
-def plot(curves: dict[str, list[tuple[int, str, float]]], path: Path) -> None:
+def _by_step(history: list[tuple[int, str, float]]) -> dict[int, float]:
+    """Mean over the method's agents at each evaluated step."""
+    steps = sorted({s for s, _, _ in history})
+    return {s: float(np.mean([v for s2, _, v in history if s2 == s])) for s in steps}
+
+
+def summarise(
+    runs: dict[str, list[list[tuple[int, str, float]]]],
+) -> dict[str, dict[int, tuple[float, float]]]:
+    """Per method and step: (mean, sd) over seeds of the mean held-out pass@1 of its agents."""
+    table: dict[str, dict[int, tuple[float, float]]] = {}
+    for method, histories in runs.items():
+        per_seed = [_by_step(h) for h in histories]
+        steps = sorted(set.intersection(*(set(p) for p in per_seed)))
+        table[method] = {
+            s: (float(np.mean([p[s] for p in per_seed])), float(np.std([p[s] for p in per_seed])))
+            for s in steps
+        }
+    return table
+
+
+def plot(table: dict[str, dict[int, tuple[float, float]]], seeds: int, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for method, history in curves.items():
-        steps = sorted({s for s, _, _ in history})
-        mean = [
-            sum(v for s2, _, v in history if s2 == s) / sum(1 for s2, _, _ in history if s2 == s)
-            for s in steps
-        ]
+    for method, rows in table.items():
+        steps = sorted(rows)
+        mean = np.array([rows[s][0] for s in steps])
+        sd = np.array([rows[s][1] for s in steps])
         ax.plot(steps, mean, marker="o", label=method)
-        agents = sorted({a for _, a, _ in history})
-        if len(agents) > 1:
-            for agent in agents:
-                ax.plot(
-                    steps,
-                    [v for s, a, v in history if a == agent],
-                    linestyle=":",
-                    alpha=0.6,
-                    label=f"  {agent}",
-                )
+        ax.fill_between(steps, mean - sd, mean + sd, alpha=0.15)
     ax.set(
         xlabel="training step",
         ylabel="held-out pass@1",
-        title="Tiny agents on held-out arithmetic programs",
+        title=f"Tiny agents on held-out arithmetic programs (mean ± sd over {seeds} seeds)",
         ylim=(0, 1),
     )
     ax.legend(fontsize=8)
@@ -141,28 +155,42 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--eval-samples", type=int, default=2)
     parser.add_argument("--warm-epochs", type=int, default=45)
+    parser.add_argument("--weak-warm-epochs", type=int, default=90, help="tiny_llama's warm start")
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, default=3, help="repeat for seed..seed+N-1")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     make_tiny_models(args.tiny)
-    models = warm_started(args.tiny, args.out, args.warm_epochs, args.seed)
-    curves = {
-        name: run_method(name, overrides, models, args.out, args)
-        for name, overrides in METHODS.items()
-    }
-    (args.out / "learning_curve.json").write_text(json.dumps(curves, indent=1))
-    plot(curves, args.out / "learning_curve.png")
-    steps = sorted({s for h in curves.values() for s, _, _ in h})
-    print("\nheld-out pass@1 (mean over the method's agents)")
-    print("step  " + "  ".join(f"{m[:34]:>34}" for m in curves))
+    epochs = {"tiny_qwen3": args.warm_epochs, "tiny_llama": args.weak_warm_epochs}
+    runs: dict[str, list[list[tuple[int, str, float]]]] = {name: [] for name in METHODS}
+    first = args.seed
+    for seed in range(first, first + args.seeds):
+        args.seed = seed
+        models = warm_started(args.tiny, args.out, epochs, seed)
+        for name, overrides in METHODS.items():
+            runs[name].append(run_method(name, overrides, models, args.out, args))
+    (args.out / "learning_curve.json").write_text(json.dumps(runs, indent=1))
+    table = summarise(runs)
+    plot(table, args.seeds, args.out / "learning_curve.png")
+    steps = sorted({s for rows in table.values() for s in rows})
+    print(f"\nheld-out pass@1 (mean over the method's agents; mean ± sd over {args.seeds} seeds)")
+    print("| step | " + " | ".join(table) + " |")
+    print("| --- |" + " --- |" * len(table))
     for step in steps:
-        cells = []
-        for history in curves.values():
-            values = [v for s, _, v in history if s == step]
-            cells.append(f"{sum(values) / len(values):34.3f}")
-        print(f"{step:4d}  " + "  ".join(cells))
+        cells = [
+            f"{rows[step][0]:.3f} ± {rows[step][1]:.3f}" if step in rows else ""
+            for rows in table.values()
+        ]
+        print(f"| {step} | " + " | ".join(cells) + " |")
+    for name, histories in runs.items():
+        agents = sorted({a for h in histories for _, a, _ in h})
+        if len(agents) > 1:
+            for agent in agents:
+                start = [v for h in histories for s, a, v in h if a == agent and s == 0]
+                if start:
+                    print(f"{name}: {agent} at step 0: {np.mean(start):.3f} ± {np.std(start):.3f}")
     print(f"\nwrote {args.out / 'learning_curve.png'}")
 
 

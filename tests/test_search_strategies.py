@@ -154,3 +154,20 @@ def test_batched_rounds_keep_budgets_and_stats_for_every_strategy(
 def test_unknown_strategy_is_a_clear_config_error() -> None:
     with pytest.raises(ValueError, match="unknown search strategy 'nope'"):
         PolicyConfig(strategy="nope")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_normal_inverse_gamma_posteriors_work_with_every_strategy(strategy: str) -> None:
+    from mars2.search.posterior import Prior
+
+    team = {"a": SimulatedAgent(0.4, seed=3), "b": SimulatedAgent(0.1, seed=4)}
+    config = SearchConfig(
+        max_nodes=10,
+        expansions_per_round=3,
+        policy=PolicyConfig(strategy=strategy, prior=Prior(kind="nig", alpha=1.0, beta=0.1)),  # type: ignore[arg-type]
+    )
+    trees = TreeSearch(config).grow(
+        simulated_problems(6), team, SimulatedGrader("pass_rate"), np.random.default_rng(1)
+    )
+    assert all(len(t) == 10 for t in trees)
+    assert {n.agent for t in trees for n in t.answers()} == {"a", "b"}

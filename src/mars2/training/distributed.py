@@ -1,9 +1,10 @@
-"""Multi-agent data parallelism: sample counts and gradients averaged across ranks by hand.
+"""Multi-agent data parallelism: step sizes all-reduced and gradients summed across ranks by hand.
 
 Each agent steps on its own nodes only, so from one step to the next a rank may have nodes for
 some agents and none for others. DistributedDataParallel's hooks assume every rank runs the same
-backward; instead the strategy leaves the module unwrapped and the team averages each agent's
-gradients itself, weighting every rank by its number of samples.
+backward; instead the strategy leaves the module unwrapped and the team syncs each agent's
+gradients itself: every rank normalises its loss by the all-reduced step sizes (`global_counts`)
+and the gradients are summed (`sum_gradients`).
 """
 
 from __future__ import annotations
