@@ -55,7 +55,7 @@ REPORT_NAME = "__mars2_report__"  # how rewritten humaneval checks hand values t
 
 
 class _CpuTimeout(BaseException):
-    """Raised by SIGPROF; a BaseException so that `except Exception` in user code cannot swallow it."""
+    """Raised by SIGPROF; a BaseException, so `except Exception` in user code cannot swallow it."""
 
 
 class _WallTimeout(BaseException):
@@ -343,8 +343,8 @@ def run_tests(
     (seconds used by the test), "error"/"stderr" text, and the raw output: "stdout" (stdin
     tests), "exit" (a non-zero exit status), "value" (a call test's encoded return value) or
     "reports" (values rewritten humaneval asserts reported). `cpu_limit` is the per-test CPU-time
-    budget (the `timeout` status); `wall_limit` a wall-clock safety net (the `wall` status), re-armed
-    up to WALL_EXTENSIONS times while the test is starved of CPU rather than idle.
+    budget (the `timeout` status); `wall_limit` a wall-clock safety net (the `wall` status),
+    re-armed up to WALL_EXTENSIONS times while the test is starved of CPU rather than idle.
     `solution` is `code` already compiled, if the caller did it; `test_code` optionally holds the
     humaneval check sources already compiled (None where not). `fresh`: this process was just
     forked for the job (its CPU-wait counter starts at zero). `stop_on_error`: stop after the

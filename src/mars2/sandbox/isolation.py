@@ -241,8 +241,8 @@ def seccomp_program() -> bytes | None:
         (0x06, 0, 0, _RET_ERRNO | _ENOSYS),
     ]
     for position, (op, jt, jf, k) in enumerate(prog):
-        jumps = [labels[j] - position - 1 if isinstance(j, str) else int(j) for j in (jt, jf)]  # type: ignore[call-overload]
-        code.append((op, jumps[0], jumps[1], k))
+        jumps = [labels[j] - position - 1 if isinstance(j, str) else j for j in (jt, jf)]
+        code.append((op, int(jumps[0]), int(jumps[1]), k))  # type: ignore[call-overload]
     return b"".join(struct.pack("HBBI", op, jt, jf, k) for op, jt, jf, k in code)
 
 

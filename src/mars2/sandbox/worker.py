@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from mars2.sandbox import judge
 
 
-# --- framed messages between worker and executor -------------------------------------------------
+# --- framed messages between worker and executor --------------------------------------------
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -106,7 +106,7 @@ def _recv(fd: int, deadline: float | None = None) -> tuple[dict[str, Any], bytes
     return json.loads(head), blob
 
 
-# --- executor: forks the answers, never sees an expected output ------------------------------------
+# --- executor: forks the answers, never sees an expected output -----------------------------
 
 
 class Executor:
@@ -340,7 +340,7 @@ class Executor:
         )
 
 
-# --- worker: the judge ------------------------------------------------------------------------------
+# --- worker: the judge -----------------------------------------------------------------------
 
 
 class ExecutorLost(RuntimeError):
@@ -519,16 +519,18 @@ class Worker:
                     record, tests[index]["output"], job["kind"], profile.name, cpu_limit, check
                 )
             start += len(records)
+            tripped = bool(records) and records[-1]["status"] == harness.WALL
+            last = rows[start - 1] if records else None
+            if tripped and last is not None and last["verdict"] == harness.OVERLOADED and retries:
+                retries -= 1
+                start -= 1  # run the starved test again in a fresh child
+                continue
             if job.get("early_stop") and any(
                 r is not None and r["verdict"] != harness.PASSED for r in rows
             ):
                 break  # the rest are skipped below
-            last = rows[start - 1] if records else None
-            if last is not None and records[-1]["status"] == harness.WALL:
-                if last["verdict"] == harness.OVERLOADED and retries > 0:
-                    retries -= 1
-                    start -= 1  # run the starved test again in a fresh child
-                continue
+            if tripped:
+                continue  # the child stopped after its wall-clock net; go on from the next test
             if start >= count:
                 break
             if junk:
