@@ -10,8 +10,10 @@ import pytest
 import torch
 from lightning.pytorch import Callback
 
+from mars2.generation.base import Completion
 from mars2.models.loading import ModelSpec
 from mars2.rewards.routing import Sample
+from mars2.search.tree import Node
 from mars2.training.agent_module import AgentModule, OptimConfig, optimise_agent
 from mars2.training.batching import micro_batches, split_rows
 from mars2.training.losses import LossConfig
@@ -32,9 +34,9 @@ def _samples(vocab: int) -> list[Sample]:
     out = []
     for index, ((p, c), adv) in enumerate(zip(LENGTHS, ADVANTAGES, strict=True)):
         ids = torch.randint(3, vocab, (p + c,), generator=gen).tolist()
-        out.append(
-            Sample("tiny_qwen3", 0, index + 1, [], "", ids[:p], ids[p:], None, 0.0, 0.0, adv, False)
-        )
+        completion = Completion(text="", prompt_token_ids=ids[:p], token_ids=ids[p:])
+        node = Node(index + 1, 0, 1, agent="tiny_qwen3", completion=completion)
+        out.append(Sample(node, 0, 0.0, adv))
     return out
 
 
