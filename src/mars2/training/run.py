@@ -15,6 +15,7 @@ from mars2.rewards.routing import AdvantageConfig
 from mars2.sandbox.grader import Grader
 from mars2.training.agent_module import AgentModule
 from mars2.training.datamodule import TreeSearchDataModule
+from mars2.training.memory import check_memory
 from mars2.training.rollout import ProblemSchedule, RolloutEngine
 from mars2.training.team_module import MultiAgentModule
 from mars2.training.warm_start import WarmStartConfig, warm_start
@@ -82,6 +83,7 @@ def build_logger(cfg: DictConfig) -> Any:
 
 def build_run(cfg: DictConfig) -> tuple[Any, TreeSearchDataModule, pl.Trainer, Any]:
     """(team module, datamodule, trainer, sandbox) for a training config."""
+    check_memory(cfg)  # refuses a GPU run that cannot fit, before any model is loaded
     pl.seed_everything(cfg.seed, workers=True)
     agents = build_agents(cfg)
     if cfg.get("warm_start") and not cfg.get("ckpt_path"):  # a checkpoint brings trained weights
