@@ -8,6 +8,9 @@ gradients itself, weighting every rank by its number of samples.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy
@@ -51,3 +54,53 @@ class MultiAgentDDPStrategy(DDPStrategy):
         for tensor in self.model.state_dict().values():
             if isinstance(tensor, torch.Tensor):
                 dist.broadcast(tensor, src=0)
+
+
+def _is_sharded(module: torch.nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
+
+
+def idle_micro_batch(agent: Any, device: torch.device) -> dict[str, torch.Tensor]:
+    """A one-row micro-batch with no completion tokens: its loss and gradients are exactly zero."""
+    pad = agent.tokenizer.pad_token_id
+    return {
+        "input_ids": torch.full((1, 2), pad, dtype=torch.long, device=device),
+        "attention_mask": torch.ones((1, 2), dtype=torch.long, device=device),
+        "completion_mask": torch.zeros((1, 1), device=device),
+        "advantages": torch.zeros(1, device=device),
+        "truncated": torch.zeros(1, dtype=torch.bool, device=device),
+        "rollout_logprobs": torch.zeros((1, 1), device=device),
+        "has_rollout_logprobs": torch.zeros(1, dtype=torch.bool, device=device),
+    }
+
+
+def agent_step_route(
+    agent: Any,
+    batches: list[dict[str, torch.Tensor]],
+    local_count: int,
+    global_count: int,
+    backward: Callable[[torch.Tensor], Any],
+) -> tuple[
+    list[dict[str, torch.Tensor]], Callable[[torch.Tensor], Any], Callable[[Any], None] | None
+]:
+    """(micro-batches, backward, gradient sync) for one agent's step on this rank.
+
+    Replicated (DDP or one process): the batches as they are, and gradients averaged by hand after
+    backward. Sharded (FSDP2): every rank runs as many micro-batches as the busiest one (padded
+    with idle ones), and each rank's backward is scaled by world x local / global so FSDP's mean
+    over ranks is the sample-weighted mean; FSDP itself reduces the gradients.
+    """
+    if not _is_sharded(agent.policy):
+        return (
+            batches,
+            backward,
+            lambda a: average_gradients(a.policy, local_count, global_count),
+        )
+    device = next(agent.policy.parameters()).device
+    most = torch.tensor([len(batches)], dtype=torch.long, device=device)
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    padded = batches + [idle_micro_batch(agent, device)] * (int(most) - len(batches))
+    scale = dist.get_world_size() * local_count / max(1, global_count)
+    return padded, lambda loss: backward(loss * scale), None

@@ -10,7 +10,7 @@ import torch
 
 from mars2.training.agent_module import AgentModule, optimise_agent
 from mars2.training.datamodule import next_batch
-from mars2.training.distributed import average_gradients, global_counts
+from mars2.training.distributed import agent_step_route, global_counts
 
 
 class MultiAgentModule(pl.LightningModule):
@@ -64,15 +64,14 @@ class MultiAgentModule(pl.LightningModule):
                 logged[f"{name}/stepped"] = 0.0
                 continue
             agent = self.agent(name)
-            metrics = optimise_agent(
-                agent,
-                optimizers[index],
-                schedulers[index],
-                batch["agents"].get(name, []),
+            batches, backward, sync = agent_step_route(
+                agent, batch["agents"].get(name, []), local[index], total[index],
                 self.manual_backward,
-                local[index],
-                sync_gradients=lambda a, i=index: average_gradients(a.policy, local[i], total[i]),
-            )
+            )  # fmt: skip
+            metrics = optimise_agent(
+                agent, optimizers[index], schedulers[index], batches, backward, local[index],
+                sync_gradients=sync,
+            )  # fmt: skip
             logged[f"{name}/stepped"] = 1.0
             logged.update({f"{name}/{key}": value for key, value in metrics.items()})
         self._count_step()
