@@ -20,10 +20,12 @@ from mars2.eval.runner import (
     summarise_tree,
 )
 from mars2.eval.tree_view import write_tree_pages
-from mars2.generation.transformers_backend import TransformersGenerator
+from mars2.generation.engines import EnginePool
+from mars2.generation.factory import build_generators
 from mars2.sandbox.grader import Grader
 from mars2.search.runner import SearchConfig
 from mars2.search.tree import load_trees
+from mars2.training.agent_module import team_members
 from mars2.training.run import build_agents, build_logger
 from mars2.training.team_module import MultiAgentModule
 
@@ -44,24 +46,11 @@ def load_team(cfg: DictConfig) -> MultiAgentModule:
     return team
 
 
-def eval_generators(team: MultiAgentModule, temperature: float) -> dict[str, Any]:
-    generators = {}
-    for name in team.agent_names:
-        agent = team.agent(name)
-        g = agent.generation_config
-        if g.backend == "vllm":
-            generators[name] = agent.generator
-        else:
-            generators[name] = TransformersGenerator(
-                agent.policy,
-                agent.tokenizer,
-                g.max_new_tokens,
-                temperature,
-                g.top_p,
-                g.batch_size,
-                g.max_prompt_tokens,
-            )
-    return generators
+def eval_generators(
+    team: MultiAgentModule, temperature: float, pool: EnginePool | None = None
+) -> dict[str, Any]:
+    """Every agent's generator at the eval temperature, serving the team's current weights."""
+    return dict(build_generators(team_members(team), pool, temperature))
 
 
 def run_evaluation(
@@ -100,7 +89,8 @@ def evaluate(cfg: DictConfig) -> list[Summary]:
     if cfg.eval.limit:
         problems = problems[: cfg.eval.limit]
     team = load_team(cfg)
-    generators = eval_generators(team, cfg.eval.temperature)
+    pool = EnginePool()  # the vLLM engines of this evaluation, closed at the end
+    generators = eval_generators(team, cfg.eval.temperature, pool)
     base: SearchConfig = hydra.utils.instantiate(cfg.search.config, _convert_="all")
     search_config = SearchConfig(
         mode="tree",
@@ -116,6 +106,7 @@ def evaluate(cfg: DictConfig) -> list[Summary]:
         )
     finally:
         sandbox.close()
+        pool.close()
     print(table(summaries))
     files = write_reports(summaries, out)
     team_trees = sorted((out / "trees" / "team").glob("*.jsonl")) or sorted(

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from mars2.generation.base import Completion, Messages
+from mars2.generation.prompt import encode_prompt
 
 
 class TransformersGenerator:
@@ -45,13 +46,7 @@ class TransformersGenerator:
         self.weights_version += 1
 
     def encode_prompt(self, chat: Messages) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
-        if hasattr(ids, "keys"):  # newer transformers return a BatchEncoding
-            ids = ids["input_ids"]
-        ids = list(ids)
-        if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
-            ids = ids[-self.max_prompt_tokens :]  # keep the end: the instructions and the question
-        return ids
+        return encode_prompt(self.tokenizer, chat, self.max_prompt_tokens)
 
     @torch.no_grad()
     def generate(self, chats: Sequence[Messages]) -> list[Completion]:
@@ -136,16 +131,10 @@ class ScriptedGenerator:
         out = []
         for chat in chats:
             text = self.answers(chat)
-            ids = self.tokenizer.apply_chat_template(
-                chat, add_generation_prompt=True, tokenize=True
-            )
-            if hasattr(ids, "keys"):
-                ids = ids["input_ids"]
+            ids = encode_prompt(self.tokenizer, chat)
             tokens = [
                 *self.tokenizer.encode(text, add_special_tokens=False),
                 self.tokenizer.eos_token_id,
             ]
-            out.append(
-                Completion(text=text, prompt_token_ids=list(ids), token_ids=tokens, logprobs=None)
-            )
+            out.append(Completion(text=text, prompt_token_ids=ids, token_ids=tokens, logprobs=None))
         return out

@@ -9,9 +9,12 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from mars2.generation.transformers_backend import TransformersGenerator
+from mars2.generation.config import GenerationConfig
+from mars2.generation.factory import ServedGenerator
 from mars2.models.loading import ModelSpec, frozen_copy, load_policy, load_tokenizer
 from mars2.training.losses import LossConfig, policy_loss, token_entropy, token_logprobs
+
+__all__ = ["AgentModule", "GenerationConfig", "OptimConfig", "optimise_agent", "team_members"]
 
 
 @dataclass(frozen=True)
@@ -32,26 +35,6 @@ class OptimConfig:
             raise ValueError(f"unknown optimizer {self.optimizer!r}: use 'adamw' or 'adamw8bit'")
         if self.schedule not in ("constant", "cosine"):
             raise ValueError(f"unknown schedule {self.schedule!r}: use 'constant' or 'cosine'")
-
-
-@dataclass(frozen=True)
-class GenerationConfig:
-    """Sampling settings and which backend serves this agent."""
-
-    backend: str = "transformers"  # transformers | vllm
-    max_new_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
-    batch_size: int = 32
-    max_prompt_tokens: int | None = None
-    # extra vLLM engine arguments; {"shared_base": true} puts LoRA agents on one base into one engine
-    vllm: dict[str, Any] | None = None
-
-    def __post_init__(self) -> None:
-        if self.backend not in ("transformers", "vllm"):
-            raise ValueError(
-                f"unknown generation backend {self.backend!r}: use 'transformers' or 'vllm'"
-            )
 
 
 class AgentModule(pl.LightningModule):
@@ -81,7 +64,11 @@ class AgentModule(pl.LightningModule):
         self._reference: list[Any] = []
         if self.loss_config.beta > 0 and model.lora is None:
             self._reference.append(frozen_copy(self.policy))
-        self._generator: Any = None
+        self._generator: ServedGenerator | None = None
+        # Counts changes to the policy's weights (optimizer steps, loads, warm starts); the
+        # generator records the version it serves and refuses to sample from an older one.
+        self.weights_version = 0
+        self.register_load_state_dict_post_hook(AgentModule._weights_loaded)
         self.automatic_optimization = False
 
     # -- reference and generation -----------------------------------------------------------
@@ -103,35 +90,38 @@ class AgentModule(pl.LightningModule):
                 logits = ref(input_ids=input_ids, attention_mask=attention_mask).logits
         return token_logprobs(logits[:, :-1], input_ids[:, 1:], self.generation_config.temperature)
 
+    def mark_weights_changed(self) -> None:
+        """Record that the policy's weights changed: the generator must be synced before sampling."""
+        self.weights_version += 1
+
+    @staticmethod
+    def _weights_loaded(module: Any, incompatible_keys: Any) -> None:
+        module.mark_weights_changed()
+
+    def _optimizer_stepped(self, *args: Any) -> None:
+        self.mark_weights_changed()
+
     @property
-    def generator(self) -> Any:
-        """The generator serving this agent (built on first use)."""
+    def has_generator(self) -> bool:
+        return self._generator is not None
+
+    @property
+    def generator(self) -> ServedGenerator:
+        """The generator serving this agent, attached by the run (see mars2.generation.factory)."""
         if self._generator is None:
-            cfg = self.generation_config
-            if cfg.backend == "vllm" and (cfg.vllm or {}).get("shared_base"):
-                import tempfile
-
-                from mars2.generation.vllm_backend import SharedBaseLoRAGenerator
-
-                adapters = tempfile.mkdtemp(prefix=f"mars2-{self.name}-adapters-")
-                self._generator = SharedBaseLoRAGenerator(
-                    self.model_spec, self.tokenizer, cfg, adapters
-                )
-                self._generator.sync_weights(self.policy)
-            elif cfg.backend == "vllm":
-                from mars2.generation.vllm_backend import VLLMGenerator
-
-                self._generator = VLLMGenerator(self.model_spec, self.tokenizer, cfg)
-            else:
-                self._generator = TransformersGenerator(
-                    self.policy, self.tokenizer, cfg.max_new_tokens, cfg.temperature, cfg.top_p,
-                    cfg.batch_size, cfg.max_prompt_tokens,
-                )  # fmt: skip
+            raise RuntimeError(
+                f"agent {self.name!r} has no generator: a training run's MultiAgentCallback "
+                "attaches them at setup; elsewhere use mars2.generation.factory.build_generators"
+            )
         return self._generator
 
     @generator.setter
     def generator(self, value: Any) -> None:
-        self._generator = value
+        """Attach a generator; a bare backend is taken to serve the current weights."""
+        if value is None or isinstance(value, ServedGenerator):
+            self._generator = value
+        else:
+            self._generator = ServedGenerator(self, value, served_version=self.weights_version)
 
     # -- loss -------------------------------------------------------------------------------
 
@@ -192,6 +182,7 @@ class AgentModule(pl.LightningModule):
                 return 0.5 * (1 + math.cos(math.pi * progress))
             return 1.0
 
+        optimizer.register_step_post_hook(self._optimizer_stepped)  # the generator is now stale
         return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
     def training_step(self, dataloader_iter: Any) -> None:

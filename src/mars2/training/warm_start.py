@@ -10,6 +10,7 @@ import torch
 
 from mars2.data.problem import Problem
 from mars2.generation.oracle import reference_solution
+from mars2.generation.prompt import encode_prompt
 from mars2.search.prompts import PromptBuilder
 from mars2.training.agent_module import AgentModule
 
@@ -31,13 +32,18 @@ def answer_text(problem: Problem) -> str:
 
 def warm_start(agent: AgentModule, problems: Sequence[Problem], config: WarmStartConfig | None = None,
                prompts: PromptBuilder | None = None) -> list[float]:  # fmt: skip
-    """Fine-tune `agent.policy` in place on (prompt, reference answer) pairs; returns epoch losses."""
+    """Fine-tune `agent.policy` in place on (prompt, reference answer) pairs; returns epoch losses.
+
+    The agent's weights version moves, and a generator already attached serves the new weights.
+    """
     config = config or WarmStartConfig()
     prompts = prompts or PromptBuilder()
     tokenizer, policy = agent.tokenizer, agent.policy
     examples = []
     for problem in problems:
-        prompt_ids = agent.generator.encode_prompt(prompts.fresh_messages(problem))
+        prompt_ids = encode_prompt(
+            tokenizer, prompts.fresh_messages(problem), agent.generation_config.max_prompt_tokens
+        )
         answer_ids = [
             *tokenizer.encode(answer_text(problem), add_special_tokens=False),
             tokenizer.eos_token_id,
@@ -73,4 +79,7 @@ def warm_start(agent: AgentModule, problems: Sequence[Problem], config: WarmStar
             total += float(out.loss.detach()) * len(batch)
             count += len(batch)
         losses.append(total / count)
+    agent.mark_weights_changed()
+    if agent.has_generator:
+        agent.generator.sync()
     return losses
