@@ -6,6 +6,7 @@ compilation) with a short context so that each starts in well under a minute on 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,10 @@ from mars2.models.loading import LoraSpec, ModelSpec, load_policy
 from mars2.training.agent_module import AgentModule
 from mars2.training.losses import token_logprobs
 
-vllm = pytest.importorskip("vllm", reason="vLLM is not installed: run `make test-vllm`")
+if os.environ.get("MARS2_REQUIRE_VLLM"):  # `make test-vllm`: a broken install fails, never skips
+    import vllm
+else:
+    vllm = pytest.importorskip("vllm", reason="vLLM is not installed: run `make test-vllm`")
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]
