@@ -17,7 +17,7 @@ $PY scripts/make_tiny_models.py --out "$TINY"
 MARS2_REQUIRE_VLLM=1 MARS2_TINY_MODELS=$TINY $PY -m pytest -q tests/test_vllm.py
 
 VLLM='{gpu_memory_utilization:0.15,enforce_eager:true,max_model_len:2048}'
-COMMON=(experiment=tiny_pair trainer=gpu logger=csv "paths.tiny_models_dir=$TINY"
+COMMON=(experiment=tiny_pair trainer=gpu "paths.tiny_models_dir=$TINY"
   agents.tiny_qwen3.generation.backend=vllm agents.tiny_llama.generation.backend=vllm
   "+agents.tiny_qwen3.generation.vllm=$VLLM" "+agents.tiny_llama.generation.vllm=$VLLM")
 
@@ -32,14 +32,14 @@ assert rewards and max(rewards) > 0, "no reward > 0"
 PY
 }
 
-$PY src/mars2/train.py "${COMMON[@]}" steps=2 callbacks.checkpoint.every_n_train_steps=1 \
+$PY src/mars2/train.py "${COMMON[@]}" logger=csv steps=2 callbacks.checkpoint.every_n_train_steps=1 \
   "hydra.run.dir=$OUT/first"
 reward_above_zero "$OUT/first"
-$PY src/mars2/train.py "${COMMON[@]}" steps=3 "ckpt_path=$OUT/first/checkpoints/step_000001.ckpt" \
+$PY src/mars2/train.py "${COMMON[@]}" logger=csv steps=3 "ckpt_path=$OUT/first/checkpoints/step_000001.ckpt" \
   "hydra.run.dir=$OUT/resumed"
 reward_above_zero "$OUT/resumed"
 $PY src/mars2/eval.py "${COMMON[@]}" data=arith "ckpt_path=$OUT/resumed/checkpoints/last.ckpt" \
-  eval.limit=8 eval.samples=2 eval.tree_budget=4 "hydra.run.dir=$OUT/eval"
+  logger=none eval.limit=8 eval.samples=2 eval.tree_budget=4 "hydra.run.dir=$OUT/eval"
 $PY - "$OUT/eval/results.json" <<'PY'
 import json, sys
 results = json.load(open(sys.argv[1]))
