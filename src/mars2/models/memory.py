@@ -167,6 +167,7 @@ class AgentPlan:
     gradient_checkpointing: bool = True
     micro_batch_size: int = 1
     seq_len: int = 2048  # prompt + completion tokens of one training sample
+    mixed_precision: bool = False  # activations in 16 bit whatever the weights' dtype (autocast)
     engine: EnginePlan | None = None
 
     def __post_init__(self) -> None:
@@ -239,10 +240,10 @@ class MemoryEstimate:
         lines = [
             f"per-GPU memory estimate ({c.world_size} GPU(s) of {c.gpu_gib:.1f} GiB, "
             f"{'sharded' if c.sharded else 'replicated'} training state):",
-            f"  {'agent':<20} {'term':<34} {'phase':<9} {'GiB':>8}",
+            f"  {'agent':<20} {'term':<38} {'phase':<9} {'GiB':>8}",
         ]
         for t in self.terms:
-            lines.append(f"  {t.agent:<20} {t.name:<34} {t.phase:<9} {t.gib:8.1f}")
+            lines.append(f"  {t.agent:<20} {t.name:<38} {t.phase:<9} {t.gib:8.1f}")
         lines.append(
             f"  peak {self.peak:.1f} GiB (train {self.train_peak:.1f}, generate "
             f"{self.generate_peak:.1f}) of {c.usable_gib:.1f} usable: "
@@ -312,7 +313,7 @@ def _trainable_terms(plan: AgentPlan, cluster: ClusterPlan) -> list[Term]:
 def _step_terms(plan: AgentPlan, cluster: ClusterPlan) -> list[Term]:
     """What one micro-batch of this agent adds while it trains."""
     shape, tokens = plan.shape, plan.micro_batch_size * plan.seq_len
-    compute = 2 if plan.dtype != "float32" or plan.quantization else 4
+    compute = 2 if plan.dtype != "float32" or plan.quantization or plan.mixed_precision else 4
     layer = tokens * (
         LAYER_HIDDEN_FACTOR * shape.hidden_size
         + LAYER_INTERMEDIATE_FACTOR * shape.intermediate_size

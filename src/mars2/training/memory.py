@@ -51,7 +51,9 @@ def model_shape(name: str, model: dict[str, Any]) -> ModelShape:
     return found
 
 
-def agent_plan(name: str, agent: dict[str, Any], prompt_tokens: int) -> AgentPlan:
+def agent_plan(
+    name: str, agent: dict[str, Any], prompt_tokens: int, mixed_precision: bool = False
+) -> AgentPlan:
     """One agent's memory plan from its resolved config."""
     model = agent["model"]
     generation = agent.get("generation") or {}
@@ -83,6 +85,7 @@ def agent_plan(name: str, agent: dict[str, Any], prompt_tokens: int) -> AgentPla
         gradient_checkpointing=bool(model.get("gradient_checkpointing", False)),
         micro_batch_size=int(agent.get("micro_batch_size", 8)),
         seq_len=seq_len,
+        mixed_precision=mixed_precision,
         engine=engine,
     )  # fmt: skip
 
@@ -142,7 +145,9 @@ def estimate_config(cfg: DictConfig) -> MemoryEstimate:
     settings = _settings(cfg)
     agents = OmegaConf.to_container(cfg.agents, resolve=True)
     assert isinstance(agents, dict)
-    plans = [agent_plan(str(n), a, int(settings["prompt_tokens"])) for n, a in agents.items()]
+    mixed = "16-mixed" in str(cfg.trainer.get("precision", ""))
+    prompt = int(settings["prompt_tokens"])
+    plans = [agent_plan(str(n), a, prompt, mixed) for n, a in agents.items()]
     return estimate(plans, cluster_plan(cfg))
 
 

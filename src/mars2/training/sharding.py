@@ -20,9 +20,10 @@ Works on CPU (gloo) and GPU (NCCL), unlike Lightning's FSDPStrategy, which needs
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import lightning.pytorch as pl
 import torch
@@ -39,6 +40,8 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from mars2.training.distributed import MultiAgentDDPStrategy
 
 META_FILE = "meta.pt"
+# Models whose units are all-gathered and kept whole (see `gather`).
+_GATHERED: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
 
 def fsdp_units(module: torch.nn.Module) -> list[FSDPModule]:
@@ -69,22 +72,22 @@ def shard_model(model: torch.nn.Module, mesh: Any, reshard_after_forward: bool =
 
 def gather(model: torch.nn.Module) -> None:
     """All-gather every unit and keep it whole, so forwards need no collectives (idempotent)."""
-    if getattr(model, "_mars2_gathered", False):
+    if model in _GATHERED:
         return
     for unit in fsdp_units(model):
         unit.set_reshard_after_forward(False)
         unit.unshard()
-    model._mars2_gathered = True
+    _GATHERED.add(model)
 
 
 def release(model: torch.nn.Module) -> None:
     """Back to shards only (local, no communication)."""
-    if not getattr(model, "_mars2_gathered", False):
+    if model not in _GATHERED:
         return
     for unit in fsdp_units(model):
         unit.reshard()
         unit.set_reshard_after_forward(True)
-    model._mars2_gathered = False
+    _GATHERED.discard(model)
 
 
 def _release_before_training_forward(module: torch.nn.Module, args: Any) -> None:
@@ -100,7 +103,8 @@ def full_state_dict(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]
 
 
 def _agents(team: torch.nn.Module) -> dict[str, Any]:
-    return dict(team.agents) if hasattr(team, "agents") else {team.name: team}  # type: ignore[dict-item]
+    found: Any = team
+    return dict(found.agents) if hasattr(found, "agents") else {found.name: found}
 
 
 class _ExportFullWeights(pl.Callback):
@@ -132,7 +136,7 @@ class MultiAgentFSDPStrategy(MultiAgentDDPStrategy):
         return False  # `load_checkpoint` restores them itself
 
     def setup(self, trainer: pl.Trainer) -> None:
-        trainer.callbacks.insert(0, _ExportFullWeights())
+        cast(Any, trainer).callbacks.insert(0, _ExportFullWeights())
         super().setup(trainer)
 
     def model_to_device(self) -> None:
@@ -150,9 +154,10 @@ class MultiAgentFSDPStrategy(MultiAgentDDPStrategy):
                     _release_before_training_forward, prepend=True
                 )
         self.model.to(self.root_device)
-        self._regather()
+        # Not gathered yet: the optimizers, built next, must hold the sharded parameters.
 
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        self._regather()  # for this step's rollouts
         output = super().training_step(*args, **kwargs)
         self._regather()  # ready for the next rollouts and held-out evaluation
         return output
@@ -178,7 +183,7 @@ class MultiAgentFSDPStrategy(MultiAgentDDPStrategy):
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         assert self.model is not None
         self._release_all()
-        return get_optimizer_state_dict(self.model, optimizer)  # type: ignore[return-value]
+        return get_optimizer_state_dict(self.model, optimizer)
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None
@@ -210,7 +215,7 @@ class MultiAgentFSDPStrategy(MultiAgentDDPStrategy):
         assert self.model is not None
         self._release_all()
         optimizers = list(self.optimizers)
-        state = {
+        state: dict[str, Any] = {
             "state_dict": get_model_state_dict(self.model),
             "optimizer_states": {
                 str(i): get_optimizer_state_dict(self.model, opt)
