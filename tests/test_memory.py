@@ -152,3 +152,16 @@ def test_an_agent_of_unknown_size_is_not_blocked_at_start_up(
         estimate_config(cfg)  # the dry run says why
     assert check_memory(cfg) is None  # the run itself only warns
     assert "memory estimate skipped" in caplog.text
+
+
+def test_a_sharded_run_counts_the_whole_weights_a_sync_gathers() -> None:
+    shape = ModelShape.from_mapping(QWEN3_14B)
+    engine = EnginePlan(gpu_memory_utilization=0.25, sleep=True, max_model_len=4096, key="a")
+    plan = AgentPlan(name="a", shape=shape, engine=engine)
+    est = estimate([plan], ClusterPlan(139.8, 8, sharded=True))
+    terms = {t.name: t for t in est.terms}
+    sync = terms["whole weights gathered for a sync"]
+    assert sync.phase == "generate" and sync.gib * GIB == QWEN3_14B_PARAMS * 2
+    # resident shards + the engine's budget + the gathered weights
+    resident = est.phase("resident")
+    assert est.generate_peak == pytest.approx(resident + 0.25 * 139.8 + sync.gib)

@@ -149,7 +149,8 @@ class VLLMGenerator:
 def merged_weights(policy: Any) -> list[tuple[str, Any]]:
     """(name, tensor) pairs in the base model's naming; a LoRA adapter is merged in and out again."""
     if not hasattr(policy, "peft_config"):
-        return [(name, p.detach()) for name, p in policy.state_dict().items()]
+        # trainer=fsdp: a DTensor shard is gathered whole (every rank syncs, in the same order)
+        return [(n, getattr(p, "full_tensor", p.detach)()) for n, p in policy.state_dict().items()]
     policy.merge_adapter()
     try:
         weights = []

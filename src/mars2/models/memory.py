@@ -367,6 +367,13 @@ def _engine_terms(plans: list[AgentPlan], cluster: ClusterPlan, est: MemoryEstim
         label = "vLLM engine (awake while training)"
         est.terms.append(Term(name, label, budget, "train", knob))
         est.terms.append(Term(name, "vLLM engine", budget, "generate", knob))
+    if cluster.sharded:  # the engine sync gathers one full-FT agent's whole weights at a time
+        synced = [p for p in plans if p.engine is not None and p.lora_r is None]
+        if synced:
+            big = max(synced, key=lambda p: p.shape.total_params)
+            size = _gib(big.shape.total_params * DTYPE_BYTES[big.dtype])
+            est.terms.append(Term(big.name, "whole weights gathered for a sync", size, "generate",
+                                  "LoRA (syncs merge the adapter into the bf16 base)"))  # fmt: skip
     if asleep:  # woken one at a time, released while the trainer runs
         budget, _, name = max(asleep)
         est.terms.append(
