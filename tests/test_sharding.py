@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from mars2.models.loading import ModelSpec
+from mars2.models.loading import LoraSpec, ModelSpec
 from mars2.rewards.routing import Sample
 from mars2.training.agent_module import AgentModule, GenerationConfig, OptimConfig, optimise_agent
 from mars2.training.batching import micro_batches
@@ -177,3 +177,18 @@ def test_fsdp_run_checkpoints_sharded_and_resumes(tmp_path: Path, tiny_models_di
         for key, value in first[name].items():
             assert value.shape == second[name][key].shape  # whole tensors, not one rank's shard
             torch.testing.assert_close(second[name][key], value, rtol=1e-5, atol=1e-6)
+
+
+def test_fsdp_refuses_agents_it_cannot_shard(tiny_models_dir: Path) -> None:
+    from dataclasses import replace
+
+    from mars2.training.sharding import check_shardable
+
+    agent = make_agent(tiny_models_dir, "tiny_llama")
+    check_shardable(agent)  # full fine-tuning with AdamW is what it shards
+    agent.optim_config = replace(agent.optim_config, optimizer="adamw8bit")
+    with pytest.raises(ValueError, match="AdamW8bit cannot step sharded"):
+        check_shardable(agent)
+    agent.model_spec = replace(agent.model_spec, lora=LoraSpec(r=8))
+    with pytest.raises(ValueError, match="LoRA/QLoRA agents train under trainer=ddp"):
+        check_shardable(agent)

@@ -107,6 +107,21 @@ def _agents(team: torch.nn.Module) -> dict[str, Any]:
     return dict(found.agents) if hasattr(found, "agents") else {found.name: found}
 
 
+def check_shardable(agent: Any) -> None:
+    """trainer=fsdp shards full fine-tuning; say what to use for anything else."""
+    spec, optim = agent.model_spec, agent.optim_config
+    if spec.lora is not None or spec.quantization:
+        raise ValueError(
+            f"agent {agent.name}: trainer=fsdp shards full fine-tuning; LoRA/QLoRA agents train "
+            "under trainer=ddp (set model.lora=null to fine-tune it fully)"
+        )
+    if optim.optimizer == "adamw8bit":
+        raise ValueError(
+            f"agent {agent.name}: bitsandbytes AdamW8bit cannot step sharded (DTensor) parameters; "
+            "use optim.optimizer=adamw under trainer=fsdp"
+        )
+
+
 class _ExportFullWeights(pl.Callback):
     """On every rank before the final agents are saved: gather full weights and hand them to the
     policy's `save_pretrained` on rank 0 (a sharded state_dict holds only this rank's shards)."""
@@ -146,6 +161,7 @@ class MultiAgentFSDPStrategy(MultiAgentDDPStrategy):
         assert self.model is not None
         mesh = init_device_mesh(self.root_device.type, (self.world_size,))
         for agent in _agents(self.model).values():
+            check_shardable(agent)
             shard_model(agent.policy, mesh)
             for reference in getattr(agent, "_reference", []):
                 shard_model(reference, mesh)
