@@ -165,3 +165,11 @@ def test_a_sharded_run_counts_the_whole_weights_a_sync_gathers() -> None:
     # resident shards + the engine's budget + the gathered weights
     resident = est.phase("resident")
     assert est.generate_peak == pytest.approx(resident + 0.25 * 139.8 + sync.gib)
+
+
+def test_memory_knobs_follow_swapped_agents() -> None:
+    cfg = compose(["experiment=qwen3_8b_areal8b_pair", "agent=[qwen3_8b,qwen3_14b]"])
+    assert list(cfg.agents) == ["qwen3_8b", "qwen3_14b"]  # no stray half-configured agent
+    assert all(a.generation.vllm.enable_sleep_mode for a in cfg.agents.values())
+    lora = compose(["experiment=areal14b_pair", "scale.lora.r=16"])
+    assert {a.model.lora.r for a in lora.agents.values()} == {16}
