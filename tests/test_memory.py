@@ -173,3 +173,20 @@ def test_memory_knobs_follow_swapped_agents() -> None:
     assert all(a.generation.vllm.enable_sleep_mode for a in cfg.agents.values())
     lora = compose(["experiment=areal14b_pair", "scale.lora.r=16"])
     assert {a.model.lora.r for a in lora.agents.values()} == {16}
+
+
+def test_train_cli_refuses_before_loading_a_model(tmp_path: Path) -> None:
+    # Offline, with hub ids for models: had a model been loaded first, this would be a load error.
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [sys.executable, str(repo / "src/mars2/train.py"), "experiment=areal14b_pair",
+         "trainer=ddp", "memory.gpu=h100", "logger=none", f"hydra.run.dir={tmp_path}"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "MemoryBudgetError" in result.stderr and "usable (79.2 GiB GPU)" in result.stderr

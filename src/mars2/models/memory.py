@@ -280,7 +280,7 @@ def _trainable_terms(plan: AgentPlan, cluster: ClusterPlan) -> list[Term]:
     if plan.lora_r is None:
         n = shape.total_params / shard
         terms.append(Term(plan.name, f"weights ({plan.dtype})", _gib(n * b), "resident",
-                          "LoRA/QLoRA (agents.*.model.lora) or trainer=fsdp"))  # fmt: skip
+                          "LoRA/QLoRA (scale.lora, scale.quantization) or trainer=fsdp"))  # fmt: skip
         grad_dtype_bytes = b
         state_bytes = 2 * (1 if plan.optimizer == "adamw8bit" else b)
     else:
@@ -292,21 +292,21 @@ def _trainable_terms(plan: AgentPlan, cluster: ClusterPlan) -> list[Term]:
             base_bytes = shape.linear_params * per + (base - shape.linear_params) * b
         label = f"frozen base ({plan.quantization or plan.dtype})"
         terms.append(Term(plan.name, label, _gib(base_bytes), "resident",
-                          "model.quantization=4bit (QLoRA)"))  # fmt: skip
+                          "scale.quantization=4bit (QLoRA)"))  # fmt: skip
         # peft keeps adapters in fp32 even on a bf16 base.
         n = shape.lora_params(plan.lora_r, plan.lora_targets)
         terms.append(Term(plan.name, f"LoRA r={plan.lora_r} weights (fp32)", _gib(n * 4),
-                          "resident", "model.lora.r"))  # fmt: skip
+                          "resident", "scale.lora.r"))  # fmt: skip
         grad_dtype_bytes = 4
         state_bytes = 2 * (1 if plan.optimizer == "adamw8bit" else 4)
     terms.append(Term(plan.name, "gradients", _gib(n * grad_dtype_bytes), "resident",
-                      "LoRA/QLoRA or trainer=fsdp"))  # fmt: skip
+                      "LoRA/QLoRA (scale.lora) or trainer=fsdp"))  # fmt: skip
     terms.append(Term(plan.name, f"optimizer states ({plan.optimizer})", _gib(n * state_bytes),
-                      "resident", "optim.optimizer=adamw8bit, LoRA, or trainer=fsdp"))  # fmt: skip
+                      "resident", "LoRA (scale.lora), trainer=fsdp, or optim.optimizer=adamw8bit"))  # fmt: skip
     if plan.reference and plan.lora_r is None:
         terms.append(Term(plan.name, f"reference ({plan.dtype})",
                           _gib(shape.total_params / shard * b), "resident",
-                          "loss.beta=0, LoRA (the base is the reference), or trainer=fsdp"))  # fmt: skip
+                          "LoRA (the base is the reference), trainer=fsdp, or loss.beta=0"))  # fmt: skip
     return terms
 
 
@@ -356,13 +356,13 @@ def _engine_terms(plans: list[AgentPlan], cluster: ClusterPlan, est: MemoryEstim
                 f"vLLM engine of {key}: gpu_memory_utilization={engine.gpu_memory_utilization} "
                 f"gives {budget:.1f} GiB but its weights ({weights:.1f}), KV cache for one "
                 f"{engine.max_model_len}-token sequence ({kv_one:.1f}) and work space need "
-                f"{need:.1f} GiB: raise generation.vllm.gpu_memory_utilization to at least "
+                f"{need:.1f} GiB: raise scale.gpu_memory_utilization to at least "
                 f"{math.ceil(need / cluster.gpu_gib * 100) / 100:.2f} or lower max_model_len"
             )
         sizes.append((budget, engine.sleep, "+".join(p.name for p in members)))
     asleep = [s for s in sizes if s[1]]
     awake = [s for s in sizes if not s[1]]
-    knob = "generation.vllm.gpu_memory_utilization, generation.vllm.enable_sleep_mode=true"
+    knob = "scale.gpu_memory_utilization, scale.enable_sleep_mode=true"
     for budget, _, name in awake:
         label = "vLLM engine (awake while training)"
         est.terms.append(Term(name, label, budget, "train", knob))
@@ -373,7 +373,7 @@ def _engine_terms(plans: list[AgentPlan], cluster: ClusterPlan, est: MemoryEstim
             big = max(synced, key=lambda p: p.shape.total_params)
             size = _gib(big.shape.total_params * DTYPE_BYTES[big.dtype])
             est.terms.append(Term(big.name, "whole weights gathered for a sync", size, "generate",
-                                  "LoRA (syncs merge the adapter into the bf16 base)"))  # fmt: skip
+                                  "LoRA under trainer=ddp (scale.lora)"))  # fmt: skip
     if asleep:  # woken one at a time, released while the trainer runs
         budget, _, name = max(asleep)
         est.terms.append(
