@@ -350,11 +350,15 @@ def _engine_terms(plans: list[AgentPlan], cluster: ClusterPlan, est: MemoryEstim
         b = DTYPE_BYTES[first.dtype if first.dtype != "float32" else "bfloat16"]
         weights = _gib(first.shape.total_params * b)
         kv_one = _gib(first.shape.kv_bytes_per_token(b) * engine.max_model_len)
-        need = weights + kv_one + ENGINE_OVERHEAD_GIB
+        # LoRA agents served by adapter: one slot per agent on this engine, in the engine's dtype
+        adapters = _gib(sum(p.shape.lora_params(p.lora_r, p.lora_targets) * b for p in members
+                            if p.lora_r is not None and engine.key != p.name))  # fmt: skip
+        need = weights + kv_one + adapters + ENGINE_OVERHEAD_GIB
         if budget < need:
             est.problems.append(
                 f"vLLM engine of {key}: gpu_memory_utilization={engine.gpu_memory_utilization} "
-                f"gives {budget:.1f} GiB but its weights ({weights:.1f}), KV cache for one "
+                f"gives {budget:.1f} GiB but its weights ({weights:.1f} + {adapters:.1f} in "
+                f"adapters), KV cache for one "
                 f"{engine.max_model_len}-token sequence ({kv_one:.1f}) and work space need "
                 f"{need:.1f} GiB: raise scale.gpu_memory_utilization to at least "
                 f"{math.ceil(need / cluster.gpu_gib * 100) / 100:.2f} or lower max_model_len"
