@@ -131,7 +131,11 @@ class _ExportFullWeights(pl.Callback):
             policy = agent.policy
             if not is_sharded(policy):
                 continue
-            state = {k: v.detach().cpu() for k, v in full_state_dict(policy)}
+            release(policy)
+            # every rank takes part in each gather; only rank 0, which saves, keeps the tensors
+            state = {
+                k: v.detach().cpu() for k, v in full_state_dict(policy) if trainer.is_global_zero
+            }
             if trainer.is_global_zero:
                 original = type(policy).save_pretrained.__get__(policy)
                 policy.save_pretrained = functools.partial(original, state_dict=state)
