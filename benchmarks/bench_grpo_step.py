@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from mars2.data.toy import toy_problems
+from mars2.generation.factory import build_generators
 from mars2.models.loading import ModelSpec
 from mars2.models.tiny import make_tiny_models
 from mars2.rewards.routing import Sample
@@ -58,10 +59,12 @@ def ours(model_dir: Path, args: argparse.Namespace) -> list[float]:
     )
     optimizer, scheduler = agent.build_optimizer()
     batch_chats = [c for c in chats(args.prompts) for _ in range(args.group)]
+    generator = build_generators({"tiny_qwen3": agent})["tiny_qwen3"]
     times = []
     for _ in range(args.steps + 1):
         began = time.perf_counter()
-        completions = agent.generator.generate(batch_chats)
+        generator.catch_up()  # serve the weights of the last step
+        completions = generator.generate(batch_chats)
         rewards = np.array([reward(c.text) for c in completions]).reshape(args.prompts, args.group)
         advantages = (rewards - rewards.mean(1, keepdims=True)) / (
             rewards.std(1, keepdims=True) + 1e-4

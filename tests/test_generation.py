@@ -1,15 +1,26 @@
-"""Generators: log-probs that match the trainer's, scripted answers, LoRA weight merging for vLLM."""
+"""Generators: log-probs that match the trainer's, scripted answers, LoRA weight merging for vLLM,
+the generator factory and engine pool (vLLM replaced by a fake engine: it cannot run here)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import pytest
 import torch
 
+from mars2.generation.config import GenerationConfig
+from mars2.generation.engines import EnginePool
+from mars2.generation.factory import StaleWeightsError, build_generators
+from mars2.generation.prompt import encode_prompt
 from mars2.generation.transformers_backend import ScriptedGenerator, TransformersGenerator
-from mars2.generation.vllm_backend import merged_weights
+from mars2.generation.vllm_backend import engine_args, lora_rank, merged_weights
 from mars2.models.loading import LoraSpec, ModelSpec, load_policy, load_tokenizer
+from mars2.training.agent_module import AgentModule
 from mars2.training.losses import token_logprobs
+from tests.fakes.vllm_engine import FakeRuntime
+
+REPO = Path(__file__).resolve().parents[1]
 
 CHAT = [{"role": "user", "content": "Write a program."}]
 
@@ -62,3 +73,160 @@ def test_lora_weights_merge_without_destroying_the_adapter(tiny_models_dir: Path
         with policy.disable_adapter():
             without = policy(ids).logits
     assert not torch.allclose(with_adapter, without)
+
+
+# -- the generator factory, engine pool and vLLM generators (a fake engine: no vLLM here) --------
+
+
+def _agent(path: Path, config: GenerationConfig, lora: LoraSpec | None = None) -> AgentModule:
+    return AgentModule(path.name, ModelSpec(str(path), lora=lora), config)
+
+
+def _perturb(policy: Any, seed: int) -> None:
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+
+
+def test_lora_rank_rounds_up_to_a_rank_vllm_accepts() -> None:
+    assert [lora_rank(r) for r in (1, 2, 4, 8, 9, 300, 321, 512)] == [
+        1, 8, 8, 8, 16, 320, 512, 512,
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="above the largest rank"):
+        lora_rank(513)
+
+
+def test_engine_args_follow_vllms_rl_recipe() -> None:
+    spec = ModelSpec("some/model", dtype="bfloat16")
+    config = GenerationConfig(backend="vllm", vllm={"enable_sleep_mode": True, "max_model_len": 64})
+    args = engine_args(spec, config, world_size=2)
+    assert args["logprobs_mode"] == "processed_logprobs"  # after temperature, as the trainer's
+    assert args["distributed_executor_backend"] == "external_launcher"  # one engine per DDP rank
+    assert args["enable_sleep_mode"] is True and args["max_model_len"] == 64
+    assert "sleep_level" not in args and "shared_base" not in args
+    assert "distributed_executor_backend" not in engine_args(spec, config)
+    lora = engine_args(spec, GenerationConfig(backend="vllm"), lora_slots=3, max_lora_r=4)
+    assert (lora["enable_lora"], lora["max_loras"], lora["max_lora_rank"]) == (True, 3, 8)
+    with pytest.raises(ValueError, match="processed_logprobs"):
+        engine_args(spec, GenerationConfig(backend="vllm", vllm={"logprobs_mode": "raw_logprobs"}))
+
+
+def test_a_stale_generator_raises_until_synced(tiny_models_dir: Path) -> None:
+    agent = _agent(tiny_models_dir / "tiny_llama", GenerationConfig(max_new_tokens=4))
+    generator = build_generators({agent.name: agent})[agent.name]
+    agent.generator = generator
+    assert len(generator.generate([CHAT])) == 1
+    optimizer, _ = agent.build_optimizer()
+    agent.policy(torch.tensor([[1, 2, 3]])).logits.sum().backward()
+    optimizer.step()  # an optimizer step moves the agent's weights version
+    with pytest.raises(StaleWeightsError, match="tiny_llama"):
+        generator.generate([CHAT])
+    assert generator.catch_up() and not generator.catch_up()
+    assert len(generator.generate([CHAT])) == 1
+    agent.load_state_dict(agent.state_dict())  # so does loading weights (resume, eval ckpt)
+    assert generator.stale
+
+
+def test_eval_of_a_checkpoint_with_vllm_samples_the_checkpoint(
+    tmp_path: Path, tiny_models_dir: Path
+) -> None:
+    from hydra import compose, initialize_config_dir
+
+    from mars2.eval.run import eval_generators, load_team
+    from mars2.training.team_module import MultiAgentModule
+
+    path = tiny_models_dir / "tiny_qwen3"
+    trained = _agent(path, GenerationConfig(backend="vllm"))
+    _perturb(trained.policy, 0)
+    checkpoint = tmp_path / "trained.ckpt"
+    torch.save({"state_dict": MultiAgentModule({trained.name: trained}).state_dict()}, checkpoint)
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        cfg = compose(config_name="eval", overrides=[
+            "agent=[tiny_qwen3]", f"paths.tiny_models_dir={tiny_models_dir}",
+            "agents.tiny_qwen3.generation.backend=vllm", f"ckpt_path={checkpoint}",
+        ])  # fmt: skip
+    team = load_team(cfg)
+    runtime = FakeRuntime()
+    with EnginePool(runtime) as pool:
+        generators = eval_generators(team, 0.5, pool)
+        (llm,) = runtime.started
+        assert generators[trained.name].config.temperature == 0.5  # eval.temperature is used
+        for name, value in llm.model.state_dict().items():
+            torch.testing.assert_close(value, trained.policy.state_dict()[name])
+        sampled = generators[trained.name].generate([CHAT])[0].token_ids
+    prompt = encode_prompt(trained.tokenizer, CHAT)
+    with torch.no_grad():
+        expected = trained.policy.eval().generate(torch.tensor([prompt]), do_sample=False,
+                                                  max_new_tokens=len(sampled))  # fmt: skip
+    assert sampled == expected[0, len(prompt) :].tolist()
+    assert runtime.closed == [llm]
+
+
+def test_sleeping_engine_wakes_only_into_current_weights(tiny_models_dir: Path) -> None:
+    config = GenerationConfig(backend="vllm", max_new_tokens=3, vllm={"enable_sleep_mode": True})
+    agent = _agent(tiny_models_dir / "tiny_llama", config)
+    runtime = FakeRuntime()
+    with EnginePool(runtime) as pool:
+        generator = build_generators({agent.name: agent}, pool)[agent.name]
+        (llm,) = runtime.started
+        assert llm.args["enable_sleep_mode"] is True
+        generator.generate([CHAT])
+        assert llm.calls[-1] == ("sleep", 2) and generator.backend.asleep
+        with pytest.raises(RuntimeError, match="asleep"):
+            generator.backend.generate([CHAT])  # its weights were discarded
+        llm.calls.clear()
+        agent.mark_weights_changed()
+        generator.catch_up()
+        assert llm.calls == [("wake_up", "weights"), ("reload_weights",),
+                             ("wake_up", "kv_cache"), ("reset_prefix_cache",)]  # fmt: skip
+        generator.generate([CHAT])
+        llm.calls.clear()
+        generator.generate([CHAT])  # asleep again, weights unchanged: they are pushed in again
+        assert [c[0] for c in llm.calls[:3]] == ["wake_up", "reload_weights", "wake_up"]
+
+
+def test_engine_pool_shares_one_base_between_lora_agents(tiny_models_dir: Path) -> None:
+    lora = LoraSpec(r=4, alpha=8, target_modules=("q_proj", "v_proj"))
+    config = GenerationConfig(backend="vllm", vllm={"shared_base": True})
+    path = tiny_models_dir / "tiny_qwen3"
+    agents = {n: AgentModule(n, ModelSpec(str(path), lora=lora), config) for n in ("a", "b")}
+    runtime = FakeRuntime()
+    pool = EnginePool(runtime)
+    generators = build_generators(agents, pool)
+    (llm,) = runtime.started
+    assert (llm.args["max_loras"], llm.args["max_lora_rank"]) == (2, 8)
+    first = generators["a"].backend._request
+    assert Path(first.lora_path, "adapter_config.json").exists()
+    assert first.lora_int_id != generators["b"].backend._request.lora_int_id
+    agents["a"].mark_weights_changed()
+    generators["a"].catch_up()
+    assert ("remove", first.lora_int_id) in llm.calls and not Path(first.lora_path).exists()
+    with pytest.raises(ValueError, match="must agree"):
+        pool.engine(f"shared:{path}:float32", {**llm.args, "max_loras": 3})
+    workdir = pool.workdir()
+    pool.close()
+    assert runtime.closed == [llm] and not workdir.exists() and len(pool) == 0
+
+
+def test_vllm_agents_need_the_runs_pool(tiny_models_dir: Path) -> None:
+    agent = _agent(tiny_models_dir / "tiny_llama", GenerationConfig(backend="vllm"))
+    with pytest.raises(ValueError, match="EnginePool"):
+        build_generators({agent.name: agent})
+    with pytest.raises(RuntimeError, match="has no generator"):
+        agent.generator  # noqa: B018
+
+
+def test_warm_start_syncs_an_attached_generator(tiny_models_dir: Path) -> None:
+    from mars2.data.sources import arithmetic
+    from mars2.training.warm_start import WarmStartConfig, warm_start
+
+    agent = _agent(tiny_models_dir / "tiny_llama", GenerationConfig(backend="vllm"))
+    runtime = FakeRuntime()
+    with EnginePool(runtime) as pool:
+        agent.generator = build_generators({agent.name: agent}, pool)[agent.name]
+        warm_start(agent, arithmetic("warm_start")[:4], WarmStartConfig(epochs=1, batch_size=4))
+        assert not agent.generator.stale
+        (llm,) = runtime.started
+        for name, value in llm.model.state_dict().items():
+            torch.testing.assert_close(value, agent.policy.state_dict()[name])

@@ -53,6 +53,7 @@ class HeldOutEvalCallback(pl.Callback):
     def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int) -> None:
         grader = run_datamodule(trainer).engine.grader
         for name, agent in team_members(pl_module).items():
+            agent.generator.catch_up()
             with tempfile.TemporaryDirectory() as tmp:
                 store = ResultStore(f"{tmp}/heldout.jsonl")
                 evaluate_sampling(self.problems, agent.generator, grader, self.samples, store)

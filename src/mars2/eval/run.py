@@ -14,9 +14,11 @@ from mars2 import builders
 from mars2.eval.report import log_to_mlflow, table, write_reports
 from mars2.eval.runner import Summary, evaluate_settings
 from mars2.eval.tree_view import write_tree_pages
-from mars2.generation.transformers_backend import TransformersGenerator
+from mars2.generation.engines import EnginePool
+from mars2.generation.factory import build_generators
 from mars2.search.runner import SearchConfig
 from mars2.search.tree import load_trees
+from mars2.training.members import team_members
 from mars2.training.team_module import MultiAgentModule
 from mars2.utils.logs import one_line_per_message
 from mars2.utils.tracking import tracked
@@ -39,24 +41,11 @@ def load_team(cfg: DictConfig) -> MultiAgentModule:
     return team
 
 
-def eval_generators(team: MultiAgentModule, temperature: float) -> dict[str, Any]:
-    generators = {}
-    for name in team.agent_names:
-        agent = team.agent(name)
-        g = agent.generation_config
-        if g.backend == "vllm":
-            generators[name] = agent.generator
-        else:
-            generators[name] = TransformersGenerator(
-                agent.policy,
-                agent.tokenizer,
-                g.max_new_tokens,
-                temperature,
-                g.top_p,
-                g.batch_size,
-                g.max_prompt_tokens,
-            )
-    return generators
+def eval_generators(
+    team: MultiAgentModule, temperature: float, pool: EnginePool | None = None
+) -> dict[str, Any]:
+    """Every agent's generator at the eval temperature, serving the team's current weights."""
+    return dict(build_generators(team_members(team), pool, temperature))
 
 
 def run_evaluation(
@@ -100,7 +89,8 @@ def evaluate(cfg: DictConfig) -> list[Summary]:
 
 def _evaluate(cfg: DictConfig, problems: list[Any], out: Path) -> list[Summary]:
     team = load_team(cfg)
-    generators = eval_generators(team, cfg.eval.temperature)
+    pool = EnginePool()  # the vLLM engines of this evaluation, closed at the end
+    generators = eval_generators(team, cfg.eval.temperature, pool)
     base: SearchConfig = hydra.utils.instantiate(cfg.search.config, _convert_="all")
     search_config = SearchConfig(
         mode="tree",
@@ -118,3 +108,4 @@ def _evaluate(cfg: DictConfig, problems: list[Any], out: Path) -> list[Summary]:
         )  # fmt: skip
     finally:
         sandbox.close()
+        pool.close()

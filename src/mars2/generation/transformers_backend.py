@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from mars2.generation.base import Completion, Messages
-from mars2.generation.prompt_ids import encode_prompt
+from mars2.generation.prompt import encode_prompt
 
 
 class TransformersGenerator:

@@ -1,72 +1,123 @@
-"""A vLLM generator (GPU only; ``pip install 'mars2[gpu]'``), behind the same interface.
+"""vLLM generators (``pip install '.[gpu]'``), behind the same interface as the transformers one.
 
-One in-process engine per agent, colocated with training: after each optimizer step the trainer's
-weights are loaded into the engine (`sync_weights`), the prefix cache is reset (cached KV blocks
-belong to the old weights), and with ``enable_sleep_mode`` the engine's memory is released while
-the trainer runs. Log-probs of the sampled tokens come back for truncated importance sampling.
+Engines run in the trainer's process, colocated with training, and are started by the run's
+`EnginePool`. After each optimizer step the trainer's weights go in through vLLM's supported
+in-place reload (``collective_rpc("reload_weights", weights_iterator=..., is_checkpoint_format=True)``:
+vLLM's own loaders then repack and post-process them), the prefix cache is reset (cached KV blocks
+belong to the old weights), and with sleep mode the engine's memory is released while the trainer
+runs. Log-probs of the sampled tokens come back as vLLM sampled them (``processed_logprobs``: after
+temperature), for truncated importance sampling.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
-from typing import Any, ClassVar
+import shutil
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
 
 from mars2.generation.base import Completion, Messages
-from mars2.generation.prompt_ids import encode_prompt as _encode_prompt
+from mars2.generation.config import GenerationConfig
+from mars2.generation.prompt import encode_prompt
+
+# The LoRA ranks vLLM accepts for max_lora_rank; an adapter of lower rank is served as is.
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# Keys of GenerationConfig.vllm that are ours, not engine arguments.
+OUR_KEYS = ("shared_base", "enable_sleep_mode", "sleep_level")
 
 
-def _engine_model(llm: Any) -> Any:
-    """The torch model inside an in-process vLLM engine (the attribute path moved across versions)."""
-    executor = llm.llm_engine.model_executor
-    worker = executor.driver_worker
-    worker = getattr(worker, "worker", worker)
-    return worker.model_runner.model
+def lora_rank(r: int) -> int:
+    """The smallest rank vLLM accepts that holds an adapter of rank `r`."""
+    for accepted in LORA_RANKS:
+        if r <= accepted:
+            return accepted
+    raise ValueError(f"LoRA rank {r} is above the largest rank vLLM serves ({LORA_RANKS[-1]})")
+
+
+def sleep_level(config: GenerationConfig) -> int | None:
+    """The sleep level the engine uses between rollouts, or None without sleep mode."""
+    extra = config.vllm or {}
+    if not extra.get("enable_sleep_mode"):
+        return None
+    level = int(extra.get("sleep_level", 2))
+    if level not in (1, 2):
+        raise ValueError(f"vllm.sleep_level must be 1 or 2, got {level}")
+    return level
+
+
+def engine_args(
+    model_spec: Any,
+    config: GenerationConfig,
+    *,
+    lora_slots: int = 0,
+    max_lora_r: int = 0,
+    world_size: int = 1,
+) -> dict[str, Any]:
+    """The `vllm.LLM` arguments for an agent (or, with `lora_slots`, for LoRA agents on one base).
+
+    Under DDP (`world_size` > 1) every rank owns its own engine through vLLM's
+    ``external_launcher`` executor, which joins the trainer's process group instead of spawning
+    workers. ``GenerationConfig.vllm`` entries other than ours override the defaults here.
+    """
+    extra = {k: v for k, v in (config.vllm or {}).items() if k not in OUR_KEYS}
+    mode = extra.pop("logprobs_mode", "processed_logprobs")
+    if mode != "processed_logprobs":
+        raise ValueError(
+            f"vllm.logprobs_mode={mode!r}: importance sampling needs the log-probs of the "
+            "distribution actually sampled ('processed_logprobs')"
+        )
+    args: dict[str, Any] = {
+        "model": model_spec.path,
+        "dtype": model_spec.dtype,
+        "trust_remote_code": model_spec.trust_remote_code,
+        "gpu_memory_utilization": 0.3,
+        "enable_prefix_caching": True,
+        "enable_sleep_mode": sleep_level(config) is not None,
+        "logprobs_mode": mode,
+    }
+    if lora_slots:
+        args.update(enable_lora=True, max_loras=lora_slots, max_lora_rank=lora_rank(max_lora_r))
+    if world_size > 1:
+        args["distributed_executor_backend"] = "external_launcher"
+    args.update(extra)
+    return args
+
+
+def _sampling(runtime: Any, config: GenerationConfig) -> Any:
+    return runtime.sampling(
+        n=1,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        max_tokens=config.max_new_tokens,
+        logprobs=0,  # the sampled token's log-prob
+    )
 
 
 class VLLMGenerator:
-    """Samples with vLLM; `sync_weights(policy)` pushes the trainer's current weights in."""
+    """One agent's own engine; `sync_weights(policy)` reloads the trainer's weights into it.
 
-    def __init__(self, model_spec: Any, tokenizer: Any, config: Any) -> None:
-        try:
-            import vllm
-        except ImportError as err:
-            raise ImportError(
-                "generation.backend=vllm needs the gpu extra: pip install 'mars2[gpu]'"
-            ) from err
-        # Weight loading reaches into the engine: keep it in this process.
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        extra = dict(config.vllm or {})
-        self.sleep_mode = bool(extra.pop("enable_sleep_mode", False))
-        self.llm = vllm.LLM(
-            model=model_spec.path,
-            dtype=model_spec.dtype,
-            gpu_memory_utilization=extra.pop("gpu_memory_utilization", 0.3),
-            enable_prefix_caching=extra.pop("enable_prefix_caching", True),
-            enable_sleep_mode=self.sleep_mode,
-            max_model_len=extra.pop("max_model_len", None),
-            trust_remote_code=model_spec.trust_remote_code,
-            **extra,
-        )
-        self.sampling = vllm.SamplingParams(
-            n=1,
-            temperature=config.temperature,
-            top_p=config.top_p,
-            max_tokens=config.max_new_tokens,
-            logprobs=0,  # the sampled token's log-prob
-        )
+    With sleep mode the engine sleeps after each generation (level 2 discards its weights and KV
+    cache); a sync wakes the weight memory, reloads, then wakes the KV cache, as vLLM documents for
+    RL. An engine whose weights were discarded refuses to generate until it is synced again.
+    """
+
+    def __init__(self, llm: Any, runtime: Any, tokenizer: Any, config: GenerationConfig) -> None:
+        self.llm = llm
         self.tokenizer = tokenizer
         self.max_prompt_tokens = config.max_prompt_tokens
+        self.sampling = _sampling(runtime, config)
+        self.sleep_level = sleep_level(config)
+        self.asleep = False
         self.weights_version = 0
-        self._asleep = False
 
     def encode_prompt(self, chat: Messages) -> list[int]:
-        return _encode_prompt(self.tokenizer, chat, self.max_prompt_tokens)
+        return encode_prompt(self.tokenizer, chat, self.max_prompt_tokens)
 
     def generate(self, chats: Sequence[Messages]) -> list[Completion]:
-        if self._asleep:
-            self.llm.wake_up()
-            self._asleep = False
+        if self.asleep:
+            raise RuntimeError(
+                "the vLLM engine is asleep and holds no valid weights: sync_weights(policy) first"
+            )
         prompts = [self.encode_prompt(c) for c in chats]
         outputs = self.llm.generate(
             [{"prompt_token_ids": p} for p in prompts], self.sampling, use_tqdm=False
@@ -75,17 +126,22 @@ class VLLMGenerator:
             _completion(prompt, output.outputs[0])
             for prompt, output in zip(prompts, outputs, strict=True)
         ]
-        if self.sleep_mode:
-            self.llm.sleep(level=1)
-            self._asleep = True
+        if self.sleep_level is not None:
+            self.llm.sleep(level=self.sleep_level)
+            self.asleep = True
         return completions
 
     def sync_weights(self, policy: Any) -> None:
-        """Load the trainer's weights (LoRA merged in) into the engine and drop stale KV cache."""
-        if self._asleep:
-            self.llm.wake_up()
-            self._asleep = False
-        _engine_model(self.llm).load_weights(merged_weights(policy))
+        """Reload the trainer's weights (LoRA merged in) and drop KV blocks of the old ones."""
+        if self.asleep:
+            self.llm.wake_up(tags=["weights"])  # the KV cache stays released during the reload
+        self.llm.collective_rpc(
+            "reload_weights",
+            kwargs={"weights_iterator": iter(merged_weights(policy)), "is_checkpoint_format": True},
+        )
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
         self.llm.reset_prefix_cache()
         self.weights_version += 1
 
@@ -93,7 +149,8 @@ class VLLMGenerator:
 def merged_weights(policy: Any) -> list[tuple[str, Any]]:
     """(name, tensor) pairs in the base model's naming; a LoRA adapter is merged in and out again."""
     if not hasattr(policy, "peft_config"):
-        return [(name, p.detach()) for name, p in policy.state_dict().items()]
+        # trainer=fsdp: a DTensor shard is gathered whole (every rank syncs, in the same order)
+        return [(n, getattr(p, "full_tensor", p.detach)()) for n, p in policy.state_dict().items()]
     policy.merge_adapter()
     try:
         weights = []
@@ -108,47 +165,38 @@ def merged_weights(policy: Any) -> list[tuple[str, Any]]:
 
 
 class SharedBaseLoRAGenerator:
-    """Agents that share a base model share one vLLM engine, each sampling through its own adapter.
+    """LoRA agents on one base share one engine (built with ``enable_lora``), each with its adapter.
 
-    The engine is created once per base path (``enable_lora``); `sync_weights` saves the agent's
-    current adapter to disk and switches to a fresh LoRA request id so vLLM loads the new weights.
+    `sync_weights` saves the agent's current adapter under `adapter_dir` and switches to a fresh
+    LoRA request id so vLLM loads the new weights; the previous adapter is unloaded and deleted.
     """
 
-    _engines: ClassVar[
-        dict[str, Any]
-    ] = {}  # base model path -> engine, shared by agents on that base
-
-    def __init__(self, model_spec: Any, tokenizer: Any, config: Any, adapter_dir: str) -> None:
-        try:
-            import vllm
-            from vllm.lora.request import LoRARequest
-        except ImportError as err:
-            raise ImportError(
-                "generation.backend=vllm needs the gpu extra: pip install 'mars2[gpu]'"
-            ) from err
-        if model_spec.lora is None:
-            raise ValueError("a shared-base engine serves LoRA agents: set model.lora")
-        extra = dict(config.vllm or {})
-        extra.pop("shared_base", None)
-        if model_spec.path not in self._engines:
-            self._engines[model_spec.path] = vllm.LLM(
-                model=model_spec.path, dtype=model_spec.dtype, enable_lora=True,
-                max_lora_rank=model_spec.lora.r, gpu_memory_utilization=extra.pop("gpu_memory_utilization", 0.3),
-                enable_prefix_caching=extra.pop("enable_prefix_caching", True), **extra,
-            )  # fmt: skip
-        self.llm = self._engines[model_spec.path]
-        self._request_type = LoRARequest
-        self.sampling = vllm.SamplingParams(n=1, temperature=config.temperature, top_p=config.top_p,
-                                            max_tokens=config.max_new_tokens, logprobs=0)  # fmt: skip
+    def __init__(
+        self,
+        llm: Any,
+        runtime: Any,
+        tokenizer: Any,
+        config: GenerationConfig,
+        adapter_dir: Path,
+        lora_ids: Iterable[int],
+    ) -> None:
+        if sleep_level(config) is not None:
+            raise ValueError(
+                "a shared-base LoRA engine cannot sleep: its base weights are never reloaded"
+            )
+        self.llm = llm
+        self.runtime = runtime
         self.tokenizer = tokenizer
-        self.adapter_dir = adapter_dir
         self.max_prompt_tokens = config.max_prompt_tokens
-        self.weights_version = 0
+        self.sampling = _sampling(runtime, config)
+        self.adapter_dir = adapter_dir
+        self._ids = iter(lora_ids)
         self._request: Any = None
-        self._next_id = abs(hash(adapter_dir)) % 1_000_000 * 1000 + 1
+        self._path: Path | None = None
+        self.weights_version = 0
 
     def encode_prompt(self, chat: Messages) -> list[int]:
-        return _encode_prompt(self.tokenizer, chat, self.max_prompt_tokens)
+        return encode_prompt(self.tokenizer, chat, self.max_prompt_tokens)
 
     def generate(self, chats: Sequence[Messages]) -> list[Completion]:
         if self._request is None:
@@ -164,12 +212,17 @@ class SharedBaseLoRAGenerator:
         ]
 
     def sync_weights(self, policy: Any) -> None:
-        path = f"{self.adapter_dir}/v{self.weights_version + 1}"
-        policy.save_pretrained(path)  # a PEFT model saves just its adapter
-        self._request = self._request_type(
-            f"{self.adapter_dir}-{self._next_id}", self._next_id, path
-        )
-        self._next_id += 1
+        lora_id = next(self._ids)
+        path = self.adapter_dir / f"lora_{lora_id}"
+        policy.save_pretrained(str(path))  # a PEFT model saves just its adapter
+        old_request, old_path = self._request, self._path
+        self._request = self.runtime.lora_request(f"{self.adapter_dir.name}-{lora_id}", lora_id,
+                                                  str(path))  # fmt: skip
+        self._path = path
+        if old_request is not None:
+            self.llm.llm_engine.remove_lora(old_request.lora_int_id)
+        if old_path is not None:
+            shutil.rmtree(old_path, ignore_errors=True)
         self.weights_version += 1
 
 

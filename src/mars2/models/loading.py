@@ -46,6 +46,8 @@ class ModelSpec:
     trust_remote_code: bool = False
     attn_implementation: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # sizes for the memory estimate (mars2.models.memory) when no local config.json is at `path`
+    architecture: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:

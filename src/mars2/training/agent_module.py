@@ -9,12 +9,15 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from mars2.generation.transformers_backend import TransformersGenerator
+from mars2.generation.config import GenerationConfig
+from mars2.generation.factory import ServedGenerator
 from mars2.models.export import export_pretrained
 from mars2.models.loading import ModelSpec, frozen_copy, load_policy, load_tokenizer
 from mars2.rewards.overlong import OverlongPenalty
 from mars2.training.losses import LossConfig, policy_loss, token_entropy, token_logprobs
 from mars2.training.members import next_batch
+
+__all__ = ["AgentModule", "GenerationConfig", "OptimConfig", "optimise_agent"]
 
 
 @dataclass(frozen=True)
@@ -47,26 +50,6 @@ class OptimConfig:
             raise ValueError(f"unknown schedule {self.schedule!r}: use 'constant' or 'cosine'")
 
 
-@dataclass(frozen=True)
-class GenerationConfig:
-    """Sampling settings and which backend serves this agent."""
-
-    backend: str = "transformers"  # transformers | vllm
-    max_new_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
-    batch_size: int = 32
-    max_prompt_tokens: int | None = None
-    # extra vLLM engine arguments; {"shared_base": true} puts LoRA agents on one base into one engine
-    vllm: dict[str, Any] | None = None
-
-    def __post_init__(self) -> None:
-        if self.backend not in ("transformers", "vllm"):
-            raise ValueError(
-                f"unknown generation backend {self.backend!r}: use 'transformers' or 'vllm'"
-            )
-
-
 class AgentModule(pl.LightningModule):
     """One agent. Alone it trains as plain single-agent GRPO; in a team it is a child module."""
 
@@ -94,7 +77,11 @@ class AgentModule(pl.LightningModule):
         self._reference: list[Any] = []
         if self.loss_config.beta > 0 and model.lora is None:
             self._reference.append(frozen_copy(self.policy))
-        self._generator: Any = None
+        self._generator: ServedGenerator | None = None
+        # Counts changes to the policy's weights (optimizer steps, loads, warm starts); the
+        # generator records the version it serves and refuses to sample from an older one.
+        self.weights_version = 0
+        self.register_load_state_dict_post_hook(AgentModule._weights_loaded)
         self.automatic_optimization = False
 
     # -- reference and generation -----------------------------------------------------------
@@ -116,35 +103,38 @@ class AgentModule(pl.LightningModule):
                 logits = ref(input_ids=input_ids, attention_mask=attention_mask).logits
         return token_logprobs(logits[:, :-1], input_ids[:, 1:], self.generation_config.temperature)
 
+    def mark_weights_changed(self) -> None:
+        """Record that the policy's weights changed: the generator must be synced before sampling."""
+        self.weights_version += 1
+
+    @staticmethod
+    def _weights_loaded(module: Any, incompatible_keys: Any) -> None:
+        module.mark_weights_changed()
+
+    def _optimizer_stepped(self, *args: Any) -> None:
+        self.mark_weights_changed()
+
     @property
-    def generator(self) -> Any:
-        """The generator serving this agent (built on first use)."""
+    def has_generator(self) -> bool:
+        return self._generator is not None
+
+    @property
+    def generator(self) -> ServedGenerator:
+        """The generator serving this agent, attached by the run (see mars2.generation.factory)."""
         if self._generator is None:
-            cfg = self.generation_config
-            if cfg.backend == "vllm" and (cfg.vllm or {}).get("shared_base"):
-                import tempfile
-
-                from mars2.generation.vllm_backend import SharedBaseLoRAGenerator
-
-                adapters = tempfile.mkdtemp(prefix=f"mars2-{self.name}-adapters-")
-                self._generator = SharedBaseLoRAGenerator(
-                    self.model_spec, self.tokenizer, cfg, adapters
-                )
-                self._generator.sync_weights(self.policy)
-            elif cfg.backend == "vllm":
-                from mars2.generation.vllm_backend import VLLMGenerator
-
-                self._generator = VLLMGenerator(self.model_spec, self.tokenizer, cfg)
-            else:
-                self._generator = TransformersGenerator(
-                    self.policy, self.tokenizer, cfg.max_new_tokens, cfg.temperature, cfg.top_p,
-                    cfg.batch_size, cfg.max_prompt_tokens,
-                )  # fmt: skip
+            raise RuntimeError(
+                f"agent {self.name!r} has no generator: a training run's MultiAgentCallback "
+                "attaches them at setup; elsewhere use mars2.generation.factory.build_generators"
+            )
         return self._generator
 
     @generator.setter
     def generator(self, value: Any) -> None:
-        self._generator = value
+        """Attach a generator; a bare backend is taken to serve the current weights."""
+        if value is None or isinstance(value, ServedGenerator):
+            self._generator = value
+        else:
+            self._generator = ServedGenerator(self, value, served_version=self.weights_version)
 
     @property
     def overlong(self) -> OverlongPenalty | None:
@@ -247,6 +237,7 @@ class AgentModule(pl.LightningModule):
                 return 0.5 * (1 + math.cos(math.pi * progress))
             return 1.0
 
+        optimizer.register_step_post_hook(self._optimizer_stepped)  # the generator is now stale
         return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
     def training_step(self, dataloader_iter: Any) -> None:
@@ -292,6 +283,7 @@ def optimise_agent(
     num_samples: int | None = None,
     sync_gradients: Any = None,
     global_sizes: Any = None,
+    pad: Any = None,
 ) -> dict[str, float]:
     """Update `agent` on one rollout's micro-batches: `ppo_epochs` x `mini_batches` steps.
 
@@ -300,7 +292,9 @@ def optimise_agent(
     so each micro-batch's gradient is its exact share and the step does not depend on the
     micro-batch size. `sync_gradients(agent)` then sums the gradients across ranks. With more than
     one update the rollout-time log-probs are frozen before the first one. `num_samples`, when
-    given, must be the number of local samples.
+    given, must be the number of local samples. `pad(micro_batches, spare=0)` (sharded agents)
+    returns the list padded with idle micro-batches to as many as the busiest rank runs (plus
+    `spare`), so every rank runs the same forwards and backwards; idle ones count for nothing.
     """
     from mars2.training.batching import split_rows
 
@@ -309,7 +303,8 @@ def optimise_agent(
     if num_samples is not None and num_samples != rows:
         raise ValueError(f"num_samples={num_samples} but the micro-batches hold {rows} samples")
     if cfg.ppo_epochs * cfg.mini_batches > 1:
-        for batch in batches:
+        # Sharded: every rank freezes as many micro-batches, its idle one included.
+        for batch in pad(batches, 1) if pad is not None else batches:
             agent.freeze_rollout(batch)
     parts = split_rows(batches, cfg.mini_batches)
     totals: dict[str, float] = {}
@@ -325,7 +320,7 @@ def optimise_agent(
                 continue  # no rank has samples for this part: every rank skips it alike
             optimizer.zero_grad(set_to_none=False)
             step: dict[str, float] = {}
-            for batch in part:
+            for batch in pad(part) if pad is not None else part:
                 loss, metrics = agent.compute_loss(batch, sequences, tokens)
                 backward(loss)
                 step["loss"] = step.get("loss", 0.0) + float(loss.detach())

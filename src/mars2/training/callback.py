@@ -1,5 +1,6 @@
-"""`MultiAgentCallback`: after each step, sync weights to generators, update agent statistics,
-log per-agent metrics and save the step's trees (as MLflow artifacts when MLflow is the logger).
+"""`MultiAgentCallback`: attaches the agents' generators (and owns the run's vLLM engines), syncs
+weights to them after each step, updates agent statistics, logs per-agent metrics and saves the
+step's trees (as MLflow artifacts when MLflow is the logger).
 
 Views and held-out evaluation during training live with eval (`mars2.eval.callbacks`)."""
 
@@ -13,6 +14,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.loggers import MLFlowLogger
 from torchmetrics import MeanMetric
 
+from mars2.generation.engines import EnginePool
+from mars2.generation.factory import build_generators
 from mars2.search.tree import save_trees
 from mars2.training.members import team_members
 
@@ -42,6 +45,34 @@ class MultiAgentCallback(pl.Callback):
         self.save_trees_every = save_trees_every
         self.save_final_agents = save_final_agents
         self._running: dict[str, MeanMetric] = {}
+        self._pool: EnginePool | None = None
+        self._attached: list[str] = []
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Give every agent without a generator one, serving its current weights."""
+        agents = team_members(pl_module)
+        missing = {name: agent for name, agent in agents.items() if not agent.has_generator}
+        if not missing:
+            return
+        self._pool = EnginePool()
+        for name, generator in build_generators(missing, self._pool).items():
+            agents[name].generator = generator
+        self._attached = list(missing)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # A resumed run has just loaded its checkpoint: the generators take those weights.
+        for agent in team_members(pl_module).values():
+            agent.generator.catch_up()
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Detach the generators this callback built and close the run's engines."""
+        agents = team_members(pl_module)
+        for name in self._attached:
+            agents[name].generator = None
+        self._attached = []
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     def _running_mean(self, key: str, value: float) -> float:
         metric = self._running.setdefault(key, MeanMetric())
@@ -70,10 +101,9 @@ class MultiAgentCallback(pl.Callback):
         data = getattr(datamodule, "last", None)
         if data is None:
             return
-        # Push the new weights to every agent's generator (vLLM: load_weights; shared: a version bump).
-        for name, agent in team_members(pl_module).items():
-            if data.samples.get(name) or trainer.world_size > 1:
-                agent.generator.sync_weights(agent.policy)
+        # Every agent whose optimizer stepped (on any rank) serves its new weights from now on.
+        for agent in team_members(pl_module).values():
+            agent.generator.catch_up()
         statistics = datamodule.engine.agent_statistics
         if statistics is not None:
             statistics.update(data.trees)

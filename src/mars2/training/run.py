@@ -21,6 +21,7 @@ from mars2.builders import (
 )
 from mars2.training.agent_module import AgentModule
 from mars2.training.datamodule import TreeSearchDataModule
+from mars2.training.memory import check_memory
 from mars2.training.progress import warm_start_bar
 from mars2.training.rollout import RolloutEngine
 from mars2.training.team_module import MultiAgentModule
@@ -82,6 +83,7 @@ def build_rollout(cfg: DictConfig, grader: Any) -> RolloutEngine:
 
 def build_run(cfg: DictConfig) -> tuple[Any, TreeSearchDataModule, pl.Trainer, Any]:
     """(team module, datamodule, trainer, sandbox) for a training config."""
+    check_memory(cfg)  # refuses a GPU run that cannot fit, before any model is loaded
     pl.seed_everything(cfg.seed, workers=True)
     agents = build_agents(cfg)
     if cfg.get("warm_start") and not cfg.get("ckpt_path"):  # a checkpoint brings trained weights

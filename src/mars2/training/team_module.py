@@ -9,7 +9,7 @@ import lightning.pytorch as pl
 import torch
 
 from mars2.training.agent_module import AgentModule, optimise_agent
-from mars2.training.distributed import global_counts, sum_gradients
+from mars2.training.distributed import agent_step_route, global_counts
 from mars2.training.members import next_batch
 
 
@@ -65,16 +65,12 @@ class MultiAgentModule(pl.LightningModule):
                 logged[f"{name}/stepped"] = 0.0
                 continue
             agent = self.agent(name)
+            backward, sync, pad = agent_step_route(agent, self.manual_backward)
             metrics = optimise_agent(
-                agent,
-                optimizers[index],
-                schedulers[index],
-                batch["agents"].get(name, []),
-                self.manual_backward,
-                local[index],
-                sync_gradients=lambda a: sum_gradients(a.policy),
-                global_sizes=lambda sizes: global_counts(sizes, self.device),
-            )
+                agent, optimizers[index], schedulers[index], batch["agents"].get(name, []),
+                backward, local[index], sync_gradients=sync,
+                global_sizes=lambda sizes: global_counts(sizes, self.device), pad=pad,
+            )  # fmt: skip
             logged[f"{name}/stepped"] = 1.0
             logged.update({f"{name}/{key}": value for key, value in metrics.items()})
         self._count_step()

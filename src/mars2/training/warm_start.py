@@ -10,7 +10,7 @@ import torch
 
 from mars2.data.problem import Problem
 from mars2.generation.oracle import reference_solution
-from mars2.generation.prompt_ids import encode_prompt
+from mars2.generation.prompt import encode_prompt
 from mars2.search.prompts import PromptBuilder
 from mars2.training.agent_module import AgentModule
 
@@ -33,7 +33,10 @@ def answer_text(problem: Problem) -> str:
 def warm_start(agent: AgentModule, problems: Sequence[Problem], config: WarmStartConfig | None = None,
                prompts: PromptBuilder | None = None,
                on_epoch: Callable[[float], None] | None = None) -> list[float]:  # fmt: skip
-    """Fine-tune `agent.policy` in place on (prompt, reference answer) pairs; returns epoch losses."""
+    """Fine-tune `agent.policy` in place on (prompt, reference answer) pairs; returns epoch losses.
+
+    The agent's weights version moves, and a generator already attached serves the new weights.
+    """
     config = config or WarmStartConfig()
     prompts = prompts or PromptBuilder()
     tokenizer, policy = agent.tokenizer, agent.policy
@@ -81,4 +84,7 @@ def warm_start(agent: AgentModule, problems: Sequence[Problem], config: WarmStar
         losses.append(total / count)
         if on_epoch is not None:  # progress display
             on_epoch(losses[-1])
+    agent.mark_weights_changed()
+    if agent.has_generator:
+        agent.generator.sync()
     return losses

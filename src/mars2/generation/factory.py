@@ -1,0 +1,164 @@
+"""Build every agent's generator in one place, serving the agent's current weights from the start.
+
+`build_generators` picks the backend from each agent's `GenerationConfig` (vLLM engines come
+from the run's `EnginePool`, LoRA agents on one base share an engine when asked), pushes the
+agent's current weights in, and returns `ServedGenerator`s. A `ServedGenerator` remembers which
+version of its agent's weights it serves and refuses to sample from an older one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from mars2.generation.base import Completion, Messages
+from mars2.generation.config import GenerationConfig
+from mars2.generation.engines import EnginePool
+from mars2.generation.prompt import encode_prompt
+
+
+class GenerationSource(Protocol):
+    """What a generator is built from: an agent's policy, tokenizer, model and settings.
+
+    `weights_version` counts the changes to the policy's weights (optimizer steps, loads, warm
+    starts); a generator is current when it serves the latest version.
+    """
+
+    name: str
+    model_spec: Any
+    tokenizer: Any
+    policy: Any
+    generation_config: GenerationConfig
+    weights_version: int
+
+
+class StaleWeightsError(RuntimeError):
+    """A generator was asked to sample from weights older than its agent's current ones."""
+
+
+class ServedGenerator:
+    """An agent's generator: a backend plus the version of the agent's weights it serves."""
+
+    def __init__(self, source: GenerationSource, backend: Any, served_version: int | None = None,
+                 config: GenerationConfig | None = None) -> None:  # fmt: skip
+        self.source = source
+        self.backend = backend
+        self.served_version = served_version
+        self.config = config or source.generation_config
+
+    @property
+    def stale(self) -> bool:
+        """True when the agent's weights changed since the last sync."""
+        return self.served_version != self.source.weights_version
+
+    def sync(self) -> None:
+        """Push the agent's current weights into the backend."""
+        self.backend.sync_weights(self.source.policy)
+        self.served_version = self.source.weights_version
+
+    def catch_up(self) -> bool:
+        """Sync if the agent's weights changed since the last sync; says whether it synced."""
+        if not self.stale:
+            return False
+        self.sync()
+        return True
+
+    def generate(self, chats: Sequence[Messages]) -> list[Completion]:
+        if self.stale:
+            raise StaleWeightsError(
+                f"agent {self.source.name!r} is at weights version {self.source.weights_version} "
+                f"but its {type(self.backend).__name__} serves version {self.served_version}: "
+                "sync after every change of its weights (MultiAgentCallback does after each step)"
+            )
+        if getattr(self.backend, "asleep", False):  # slept with its weights discarded: the
+            self.backend.sync_weights(self.source.policy)  # current ones go back in, never old
+        return list(self.backend.generate(chats))
+
+    def encode_prompt(self, chat: Messages) -> list[int]:
+        return encode_prompt(self.source.tokenizer, chat, self.config.max_prompt_tokens)
+
+    @property
+    def weights_version(self) -> int | None:
+        return self.served_version
+
+
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def build_generators(
+    sources: Mapping[str, GenerationSource],
+    pool: EnginePool | None = None,
+    temperature: float | None = None,
+) -> dict[str, ServedGenerator]:
+    """A generator per agent, each already serving its agent's current weights.
+
+    `temperature` overrides the agents' sampling temperature (evaluation). vLLM agents need the
+    run's `pool`, which owns their engines and must be closed by the run.
+    """
+    shared: dict[str, list[GenerationSource]] = {}
+    for source in sources.values():
+        cfg = source.generation_config
+        if cfg.shared_base:
+            if source.model_spec.lora is None:
+                raise ValueError(
+                    f"agent {source.name!r}: vllm.shared_base serves LoRA agents: set model.lora"
+                )
+            shared.setdefault(_base_key(source), []).append(source)
+    generators = {}
+    for name, source in sources.items():
+        cfg = source.generation_config
+        if temperature is not None:
+            cfg = dataclasses.replace(cfg, temperature=temperature)
+        backend = _backend(source, cfg, pool, shared)
+        generator = ServedGenerator(source, backend, config=cfg)
+        generator.sync()
+        generators[name] = generator
+    return generators
+
+
+def _base_key(source: GenerationSource) -> str:
+    return f"shared:{source.model_spec.path}:{source.model_spec.dtype}"
+
+
+def _backend(source: GenerationSource, cfg: GenerationConfig, pool: EnginePool | None,
+             shared: dict[str, list[GenerationSource]]) -> Any:  # fmt: skip
+    if cfg.backend == "transformers":
+        from mars2.generation.transformers_backend import TransformersGenerator
+
+        return TransformersGenerator(
+            source.policy,
+            source.tokenizer,
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            batch_size=cfg.batch_size,
+            max_prompt_tokens=cfg.max_prompt_tokens,
+        )
+    if pool is None:
+        raise ValueError(
+            f"agent {source.name!r} samples with vLLM: build its generator with the run's "
+            "EnginePool (build_generators(agents, pool))"
+        )
+    from mars2.generation.vllm_backend import (
+        SharedBaseLoRAGenerator,
+        VLLMGenerator,
+        engine_args,
+    )
+
+    world = _world_size()
+    if cfg.shared_base:
+        key = _base_key(source)
+        group = shared[key]
+        args = engine_args(source.model_spec, cfg, lora_slots=len(group), world_size=world,
+                           max_lora_r=max(s.model_spec.lora.r for s in group))  # fmt: skip
+        llm = pool.engine(key, args)
+        adapters = pool.workdir() / source.name
+        adapters.mkdir(parents=True, exist_ok=True)
+        return SharedBaseLoRAGenerator(llm, pool.runtime, source.tokenizer, cfg, adapters,
+                                       pool.lora_ids(key))  # fmt: skip
+    llm = pool.engine(f"agent:{source.name}", engine_args(source.model_spec, cfg, world_size=world))
+    return VLLMGenerator(llm, pool.runtime, source.tokenizer, cfg)

@@ -1,0 +1,76 @@
+"""A stand-in for an in-process `vllm.LLM`, for the unit tests that run where vLLM cannot.
+
+Like vLLM it starts from the weights on disk and takes new ones only through
+``collective_rpc("reload_weights", ...)``; it decodes greedily with a transformers copy of the
+model, so a test can tell which weights it serves. It records every call it gets.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from mars2.models.loading import ModelSpec, load_policy
+
+
+class FakeLLM:
+    def __init__(self, args: dict[str, Any]) -> None:
+        self.args = args
+        self.calls: list[tuple[Any, ...]] = []
+        self.model = load_policy(ModelSpec(args["model"]))
+        self.model.eval()
+        self.llm_engine = SimpleNamespace(remove_lora=lambda i: self.calls.append(("remove", i)))
+
+    def collective_rpc(self, method: str, kwargs: dict[str, Any]) -> None:
+        assert method == "reload_weights" and kwargs["is_checkpoint_format"] is True
+        self.calls.append((method,))
+        self.model.load_state_dict(dict(kwargs["weights_iterator"]))
+
+    def generate(self, prompts: list[dict[str, Any]], sampling: dict[str, Any], use_tqdm: bool = False,
+                 lora_request: Any = None) -> list[Any]:  # fmt: skip
+        self.calls.append(("generate", len(prompts)))
+        outputs = []
+        for prompt in prompts:
+            ids = torch.tensor([prompt["prompt_token_ids"]])
+            with torch.no_grad():
+                out = self.model.generate(ids, do_sample=False, max_new_tokens=sampling["max_tokens"],
+                                          min_new_tokens=sampling["max_tokens"])  # fmt: skip
+            tokens = out[0, ids.shape[1] :].tolist()
+            logprobs = [{t: SimpleNamespace(logprob=-1.0)} for t in tokens]
+            sample = SimpleNamespace(text="", token_ids=tokens, logprobs=logprobs,
+                                     finish_reason="length")  # fmt: skip
+            outputs.append(SimpleNamespace(outputs=[sample]))
+        return outputs
+
+    def sleep(self, level: int) -> None:
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags: list[str]) -> None:
+        self.calls.append(("wake_up", *tags))
+
+    def reset_prefix_cache(self) -> None:
+        self.calls.append(("reset_prefix_cache",))
+
+
+class FakeRuntime:
+    """What `EnginePool` uses to start engines, with `FakeLLM` in place of `vllm.LLM`."""
+
+    def __init__(self) -> None:
+        self.started: list[FakeLLM] = []
+        self.closed: list[FakeLLM] = []
+
+    def start(self, args: dict[str, Any]) -> FakeLLM:
+        llm = FakeLLM(args)
+        self.started.append(llm)
+        return llm
+
+    def sampling(self, **kwargs: Any) -> dict[str, Any]:
+        return kwargs
+
+    def lora_request(self, name: str, lora_id: int, path: str) -> Any:
+        return SimpleNamespace(lora_name=name, lora_int_id=lora_id, lora_path=path)
+
+    def close(self, llm: FakeLLM) -> None:
+        self.closed.append(llm)
