@@ -20,8 +20,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from mars2.generation.base import Completion
 from mars2.models.loading import LoraSpec, ModelSpec
 from mars2.rewards.routing import Sample
+from mars2.search.tree import Node
 from mars2.training.agent_module import AgentModule, GenerationConfig, OptimConfig, optimise_agent
 from mars2.training.batching import micro_batches
 from mars2.training.losses import LossConfig
@@ -54,10 +56,14 @@ def make_samples(agent: AgentModule, count: int, seed: int) -> list[Sample]:
     for i in range(count):
         prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(3, 6))]
         completion = [rng.randrange(3, vocab) for _ in range(rng.randint(2, 7))]
-        samples.append(
-            Sample(agent.name, 0, i, [], "", prompt, completion, None, 0.0, 0.0,
-                   rng.uniform(-1, 1), False)
-        )  # fmt: skip
+        node = Node(
+            i + 1,
+            0,
+            1,
+            agent=agent.name,
+            completion=Completion(text="", prompt_token_ids=prompt, token_ids=completion),
+        )
+        samples.append(Sample(node, 0, 0.0, rng.uniform(-1, 1)))  # fmt: skip
     return samples
 
 
@@ -99,11 +105,12 @@ def _worker(rank: int, port: int, tiny: str, out: str) -> None:
         assert is_sharded(agent.policy)
         local = all_samples(agent)[rank]
         metrics = step(agent, local, sum(LAYOUT[name]))
-        loss = torch.tensor([metrics["loss"] * len(local)])
+        # Each rank's loss is its share of the step's (normalised by the global sizes): they sum.
+        loss = torch.tensor([metrics["loss"]])
         dist.all_reduce(loss)
         weights = {k: v.detach().clone() for k, v in full_state_dict(agent.policy)}
         results[name] = {
-            "loss": float(loss) / sum(LAYOUT[name]),
+            "loss": float(loss),
             "grad_norm": metrics["grad_norm"],
             "weights": weights,
         }
