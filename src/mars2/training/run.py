@@ -83,7 +83,6 @@ def build_rollout(cfg: DictConfig, grader: Any) -> RolloutEngine:
 
 def build_run(cfg: DictConfig) -> tuple[Any, TreeSearchDataModule, pl.Trainer, Any]:
     """(team module, datamodule, trainer, sandbox) for a training config."""
-    check_memory(cfg)  # refuses a GPU run that cannot fit, before any model is loaded
     pl.seed_everything(cfg.seed, workers=True)
     agents = build_agents(cfg)
     if cfg.get("warm_start") and not cfg.get("ckpt_path"):  # a checkpoint brings trained weights
@@ -103,6 +102,7 @@ def build_run(cfg: DictConfig) -> tuple[Any, TreeSearchDataModule, pl.Trainer, A
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit the team; returns the last logged metrics."""
     one_line_per_message()
+    check_memory(cfg)  # refuses a GPU run that cannot fit, before anything is loaded
     validate_train_config(cfg)  # before any model loads
     cfg.ckpt_path = resolve_checkpoint(cfg)  # resume=true: the run folder's newest checkpoint
     module, datamodule, trainer, sandbox = build_run(cfg)
