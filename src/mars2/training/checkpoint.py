@@ -17,6 +17,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from mars2.utils.atomic import fsync_dir, write_error
+from mars2.utils.tracking import flush_step_metrics
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ class AtomicModelCheckpoint(ModelCheckpoint):
         super().__init__(*args, **kwargs)
 
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        flush_step_metrics(trainer)  # a kill after the rename must not lose this step's metrics
         target = Path(filepath)
         tmp = target.with_name(f".{target.name}.tmp")
         try:

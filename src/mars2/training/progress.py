@@ -36,21 +36,31 @@ class StepProgressBar(TQDMProgressBar):
         datamodule = getattr(trainer, "datamodule", None)
         return int(getattr(datamodule, "next_step", 0) or 0)
 
+    def _sync(self, trainer: pl.Trainer, start: bool = False) -> None:
+        bar = self.train_progress_bar
+        total = self.total_train_batches
+        if total != float("inf") and bar.total != total:
+            bar.total = int(total)
+        done = self._done(trainer)
+        if start and done:  # resumed: the bar (and its ETA) starts at the steps already done
+            bar.initial = done
+            bar.last_print_n = done
+        bar.n = done
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # A run resumed mid-epoch gets no on_train_epoch_start: the total is set here too.
+        super().on_train_start(trainer, pl_module)
+        self._sync(trainer, start=True)
+        self.train_progress_bar.refresh()
+
     def on_train_epoch_start(self, trainer: pl.Trainer, *args: Any) -> None:
         super().on_train_epoch_start(trainer, *args)
-        done = self._done(trainer)
-        if done:  # resumed: start the bar (and its ETA) at the steps already done
-            bar = self.train_progress_bar
-            bar.initial = done
-            bar.n = done
-            bar.last_print_n = done
-            bar.refresh()
+        self._sync(trainer, start=True)
+        self.train_progress_bar.refresh()
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
         batch_idx: int,
     ) -> None:  # fmt: skip
-        bar = self.train_progress_bar
-        bar.n = self._done(trainer)
-        bar.set_postfix(self.get_metrics(trainer, pl_module))
-        bar.refresh()
+        self._sync(trainer)
+        self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))

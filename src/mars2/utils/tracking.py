@@ -69,7 +69,7 @@ class RunTracker(MLFlowLogger):
         if self.resumed and record is not None:
             kwargs["run_id"] = record["run_id"]
         super().__init__(*args, **kwargs)
-        self._logged: set[tuple[str, int]] = set()
+        self._logged: dict[int, set[str]] = {}  # step -> metric names already in the run
         self._params: dict[str, str] = {}
         self._started = False
 
@@ -103,7 +103,7 @@ class RunTracker(MLFlowLogger):
             self._params = dict(run.data.params)
             for key in run.data.metrics:
                 for point in client.get_metric_history(run_id, key):
-                    self._logged.add((key, int(point.step)))
+                    self._logged.setdefault(int(point.step), set()).add(key)
         for key, value in tags.items():
             client.set_tag(run_id, key, value)
         if self.run_dir is not None:
@@ -128,13 +128,16 @@ class RunTracker(MLFlowLogger):
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         _ = self.experiment
         at = int(step or 0)
+        seen = self._logged.setdefault(at, set())
         clean = {}
         for key, value in metrics.items():
             name = metric_key(key)
-            if (name, at) in self._logged:
+            if name in seen:
                 continue  # a step redone after a resume: the history keeps its first value
-            self._logged.add((name, at))
+            seen.add(name)
             clean[name] = value
+        for old in [s for s in self._logged if s < at - 1]:  # steps only move forward
+            del self._logged[old]
         if clean:
             super().log_metrics(clean, step)
 
@@ -187,3 +190,30 @@ def tracked(logger: Any) -> Iterator[None]:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def flush_step_metrics(trainer: Any) -> None:
+    """Send this step's logged metrics to the run trackers now, before a checkpoint is written.
+
+    Lightning writes a checkpoint in `on_train_batch_end` and sends the step's metrics to the
+    loggers only afterwards: a kill in between leaves a checkpoint whose last step never reaches
+    MLflow, and the resumed run starts after it. Logged here first, the loop's own call later is
+    a repeat that `RunTracker` skips. Uses the logger connector's private state (Lightning 2.x);
+    on any surprise it does nothing and the usual flush still happens.
+    """
+    trackers = [lg for lg in getattr(trainer, "loggers", []) if isinstance(lg, RunTracker)]
+    if not trackers:  # every rank computes (symmetric if a metric syncs), rank zero logs
+        return
+    try:
+        from lightning.fabric.utilities.apply_func import convert_tensors_to_scalars
+
+        metrics = convert_tensors_to_scalars(dict(trainer._logger_connector.metrics["log"]))
+        step = metrics.pop("step", None)
+        if step is None:
+            metrics.setdefault("epoch", trainer.current_epoch)
+            step = trainer.fit_loop.epoch_loop._batches_that_stepped
+    except Exception:  # private API moved: keep Lightning's own (later) flush only
+        return
+    if metrics:
+        for tracker in trackers:
+            tracker.log_metrics(metrics, step=int(step))
