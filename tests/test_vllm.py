@@ -29,6 +29,7 @@ else:
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]
+THREADS = torch.get_num_threads()  # the trainer's, before any engine starts
 ENGINE = {"enforce_eager": True, "max_model_len": 1024, "gpu_memory_utilization": 0.2}
 CHATS = [
     [{"role": "user", "content": "Write a program that prints a number."}],
@@ -72,6 +73,7 @@ def test_rollout_logprobs_equal_the_trainers_at_temperature_08(
     qwen: tuple[AgentModule, ServedGenerator],
 ) -> None:
     agent, generator = qwen
+    assert torch.get_num_threads() == THREADS  # the engine start did not take the trainer's threads
     completions = generator.generate(CHATS * 2)
     assert all(c.token_ids and c.logprobs is not None for c in completions)
     for completion in completions:
@@ -164,6 +166,7 @@ class _Probe:
         self.prompt = generator.encode_prompt(CHATS[0])
         self.matches: list[bool] = []
         self.served: list[list[int]] = []
+        self.llm = self.backend.llm  # what greedy_vllm decodes with
 
     def generate(self, chats: Any) -> Any:
         served = greedy_vllm(self.generator, self.prompt, 8)
@@ -218,3 +221,64 @@ def test_warm_started_pair_trains_and_a_resumed_run_samples_the_checkpoint(
         on_disk = load_policy(ModelSpec(str(tiny_models_dir / name)))
         # Not vacuous: the checkpoint decodes differently from the weights the engine started with.
         assert probe.served[0] != greedy_transformers(on_disk, probe.prompt, 8)
+
+
+RANK_SCRIPT = """
+import os, sys, torch, torch.distributed as dist
+sys.path.insert(0, {tests!r})
+from test_vllm import CHATS, ENGINE, greedy_transformers, greedy_vllm
+from mars2.generation.config import GenerationConfig
+from mars2.generation.engines import EnginePool
+from mars2.generation.factory import build_generators
+from mars2.models.loading import ModelSpec
+from mars2.training.agent_module import AgentModule
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+config = GenerationConfig(backend="vllm", max_new_tokens=6, vllm=ENGINE)
+agent = AgentModule("tiny_qwen3", ModelSpec({path!r}), config)
+torch.manual_seed(rank)
+with torch.no_grad():
+    for p in agent.policy.parameters():
+        p.add_(torch.randn_like(p) * 0.1)  # each rank serves its own weights
+with EnginePool() as pool:
+    generator = build_generators({{agent.name: agent}}, pool)[agent.name]
+    llm = generator.backend.llm
+    assert llm.llm_engine.vllm_config.parallel_config.distributed_executor_backend == (
+        "external_launcher"
+    )
+    prompt = generator.encode_prompt(CHATS[0])
+    served = greedy_vllm(generator, prompt, 6)
+    assert served == greedy_transformers(agent.policy, prompt, 6), (rank, served)
+    print("rank", rank, "served", served, flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_each_ddp_rank_owns_an_engine_through_external_launcher(
+    tmp_path: Path, tiny_models_dir: Path
+) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    script = tmp_path / "rank.py"
+    path = str(tiny_models_dir / "tiny_qwen3")
+    script.write_text(RANK_SCRIPT.format(tests=str(REPO / "tests"), path=path))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    procs = []
+    for rank in range(2):
+        rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+        procs.append(subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      env=rank_env))  # fmt: skip
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    for rank, (proc, out) in enumerate(zip(procs, outputs, strict=True)):
+        assert proc.returncode == 0, out[-3000:]
+        assert f"rank {rank} served" in out
+    served = [next(line for line in o.splitlines() if line.startswith("rank ")) for o in outputs]
+    assert served[0].split("served")[1] != served[1].split("served")[1]  # two engines, two policies

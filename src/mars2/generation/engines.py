@@ -74,6 +74,11 @@ class VLLMRuntime:
 
     def close(self, llm: Any) -> None:
         engine = getattr(llm, "llm_engine", None)
+        parallel = getattr(getattr(engine, "vllm_config", None), "parallel_config", None)
+        if getattr(parallel, "distributed_executor_backend", None) == "external_launcher":
+            # Shutting it down would destroy the trainer's process group, which the engine joined;
+            # its memory is freed when the last reference goes.
+            return
         core = getattr(engine, "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()
