@@ -119,6 +119,12 @@ def results_from_rows(
     return JobResult(tests)
 
 
+# Defaults every sandbox shares (LiveCodeBench uses 6 s per test).
+PER_TEST_TIMEOUT = 6.0
+JOB_TIMEOUT = 60.0
+OUTPUT_LIMIT_MB = 1.0
+
+
 class Sandbox(ABC):
     """Runs jobs. `run_batch` is the synchronous core; `run` is the same for asyncio callers."""
 

@@ -21,7 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from mars2.sandbox import harness, judge
-from mars2.sandbox.base import Job, JobResult, Sandbox, Verdict, results_from_rows
+from mars2.sandbox.base import (
+    JOB_TIMEOUT,
+    OUTPUT_LIMIT_MB,
+    PER_TEST_TIMEOUT,
+    Job,
+    JobResult,
+    Sandbox,
+    Verdict,
+    results_from_rows,
+)
 from mars2.sandbox.compare import get_profile
 
 log = logging.getLogger(__name__)
@@ -93,11 +102,11 @@ class E2BSandbox(Sandbox):
         api_key: str | None = None,
         max_concurrency: int = 16,
         retries: int = 3,
-        per_test_timeout: float = 6.0,
-        job_timeout: float = 60.0,
+        per_test_timeout: float = PER_TEST_TIMEOUT,
+        job_timeout: float = JOB_TIMEOUT,
         sandbox_timeout: int = 600,
         template: str | None = None,
-        output_limit_mb: float = 1.0,
+        output_limit_mb: float = OUTPUT_LIMIT_MB,
         sdk: Any = None,
     ) -> None:
         self._api_key = api_key or os.environ.get("E2B_API_KEY")

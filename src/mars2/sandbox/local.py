@@ -17,7 +17,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mars2.sandbox.base import Job, JobResult, Sandbox, Verdict, results_from_rows
+from mars2.sandbox.base import (
+    JOB_TIMEOUT,
+    OUTPUT_LIMIT_MB,
+    PER_TEST_TIMEOUT,
+    Job,
+    JobResult,
+    Sandbox,
+    Verdict,
+    results_from_rows,
+)
 from mars2.sandbox.compare import get_profile
 from mars2.sandbox.uid_lease import DEFAULT_FIRST_UID, UidLease
 
@@ -123,8 +132,8 @@ class LocalSandbox(Sandbox):
     def __init__(
         self,
         num_workers: int | None = None,
-        per_test_timeout: float = 6.0,
-        job_timeout: float = 60.0,
+        per_test_timeout: float = PER_TEST_TIMEOUT,
+        job_timeout: float = JOB_TIMEOUT,
         memory_mb: int = 2048,
         max_processes: int = 4,
         max_threads: int = 32,
@@ -133,7 +142,7 @@ class LocalSandbox(Sandbox):
         wall_factor: float = 3.0,
         overload_retries: int = 1,
         pid_namespace: bool = True,
-        output_limit_mb: float = 1.0,
+        output_limit_mb: float = OUTPUT_LIMIT_MB,
         allow_network: bool = False,
         readonly_root: bool = True,
         dedicated_uids: bool = True,

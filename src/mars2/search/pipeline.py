@@ -168,18 +168,10 @@ class PipelinedDriver:
         return planned
 
     def _attach(self, work: Work, step: int | None) -> None:
-        # Keep in step with `TreeSearch._run_round`, which attaches nodes the same way.
         tree, stats = self._trees[work.tree], self._stats[work.tree]
         completion, grade = work.completion, work.grade
         assert completion is not None and grade is not None
-        if not self.independent:
-            stats.remove_pending(tree, work.parent, work.agent)
-        node = tree.add(
-            work.parent,
-            work.agent,
-            completion=completion,
-            grade=grade,
-            messages=work.messages,
-            step=step,
-        )
-        stats.observe(tree, node.id)
+        stats.attach(
+            tree, work.parent, work.agent, completion=completion, grade=grade,
+            messages=work.messages, step=step, pending=not self.independent,
+        )  # fmt: skip

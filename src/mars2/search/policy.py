@@ -169,6 +169,27 @@ class TreeStats:
         self._walk(tree, node.parent, node.agent, node.reward, 0)
         self.agent(node.agent).add(node.reward)
 
+    def attach(
+        self,
+        tree: SearchTree,
+        parent: int,
+        agent: str,
+        *,
+        completion: Any,
+        grade: Any,
+        messages: Any,
+        step: int | None,
+        pending: bool,
+    ) -> int:
+        """Add a graded answer to `tree` (settling its pending expansion) and observe it."""
+        if pending:
+            self.remove_pending(tree, parent, agent)
+        node = tree.add(
+            parent, agent, completion=completion, grade=grade, messages=messages, step=step
+        )
+        self.observe(tree, node.id)
+        return node.id
+
     def _pending(self, tree: SearchTree, parent: int, agent: str, delta: int) -> None:
         self._walk(tree, parent, agent, 0.0, delta)
         self.pending_children[parent] += delta

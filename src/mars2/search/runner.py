@@ -233,15 +233,8 @@ class TreeSearch:
         began = time.perf_counter()
         for expansion, completion, grade in zip(batch, completions, grades, strict=True):
             tree, tree_stats = trees[expansion.tree], stats[expansion.tree]
-            if self.config.mode == "tree":
-                tree_stats.remove_pending(tree, expansion.parent, expansion.agent)
-            node = tree.add(
-                expansion.parent,
-                expansion.agent,
-                completion=completion,
-                grade=grade,
-                messages=expansion.messages,
-                step=step,
-            )
-            tree_stats.observe(tree, node.id)
+            tree_stats.attach(
+                tree, expansion.parent, expansion.agent, completion=completion, grade=grade,
+                messages=expansion.messages, step=step, pending=self.config.mode == "tree",
+            )  # fmt: skip
         self.timings.bookkeeping += time.perf_counter() - began

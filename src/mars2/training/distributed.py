@@ -30,20 +30,6 @@ def global_counts(local: list[int], device: torch.device) -> list[int]:
     return [int(v) for v in tensor.tolist()]
 
 
-def average_gradients(module: torch.nn.Module, local_count: int, global_count: int) -> None:
-    """Turn each rank's mean gradient into the sample-weighted mean over all ranks."""
-    if not is_distributed():
-        return
-    for param in module.parameters():
-        if not param.requires_grad:
-            continue
-        if param.grad is None:
-            param.grad = torch.zeros_like(param)
-        param.grad.mul_(local_count)
-        dist.all_reduce(param.grad)
-        param.grad.div_(max(1, global_count))
-
-
 def sum_gradients(module: torch.nn.Module) -> None:
     """Sum each gradient over all ranks (each rank's loss is already normalised globally)."""
     if not is_distributed():
