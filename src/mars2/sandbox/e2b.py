@@ -20,17 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mars2.sandbox import harness, judge
-from mars2.sandbox.base import (
-    JOB_TIMEOUT,
-    OUTPUT_LIMIT_MB,
-    PER_TEST_TIMEOUT,
-    Job,
-    JobResult,
-    Sandbox,
-    Verdict,
-    results_from_rows,
-)
+from mars2.sandbox import base, harness, judge
+from mars2.sandbox.base import Job, JobResult, Sandbox, Verdict, results_from_rows
 from mars2.sandbox.compare import get_profile
 
 log = logging.getLogger(__name__)
@@ -102,11 +93,11 @@ class E2BSandbox(Sandbox):
         api_key: str | None = None,
         max_concurrency: int = 16,
         retries: int = 3,
-        per_test_timeout: float = PER_TEST_TIMEOUT,
-        job_timeout: float = JOB_TIMEOUT,
+        per_test_timeout: float = base.PER_TEST_TIMEOUT,
+        job_timeout: float = base.JOB_TIMEOUT,
         sandbox_timeout: int = 600,
         template: str | None = None,
-        output_limit_mb: float = OUTPUT_LIMIT_MB,
+        output_limit_mb: float = base.OUTPUT_LIMIT_MB,
         sdk: Any = None,
     ) -> None:
         self._api_key = api_key or os.environ.get("E2B_API_KEY")

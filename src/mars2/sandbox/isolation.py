@@ -163,10 +163,23 @@ def isolate_worker(
         _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
         _expose_interpreter(needed, scratch_root, report)
         _mount(scratch_root, scratch_root, None, MS_BIND | MS_REC, None)
-        if any(p == d or p.startswith(d + os.sep) for p in needed for d in ("/tmp", "/dev/shm")):
-            raise OSError(0, "the interpreter lives under /tmp or /dev/shm: no private tmpfs")
+        if any(p == "/dev/shm" or p.startswith("/dev/shm" + os.sep) for p in needed):
+            raise OSError(0, "the interpreter lives under /dev/shm: no private tmpfs")
+        # An interpreter (or a checkout) under /tmp is bound back onto the private tmpfs, read
+        # through descriptors opened before the tmpfs hides the original paths.
+        under_tmp = [p for p in needed if p == "/tmp" or p.startswith("/tmp" + os.sep)]
+        if "/tmp" in under_tmp:
+            raise OSError(0, "the interpreter's path is /tmp itself: no private tmpfs")
+        kept = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in under_tmp]
         options = f"size={max(1, tmp_size_mb)}m"
-        _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, options + ",mode=0755")
+        try:
+            _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, options + ",mode=0755")
+            for path, fd in kept:
+                os.makedirs(path, 0o755, exist_ok=True)
+                _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
+        finally:
+            for _, fd in kept:
+                os.close(fd)
         _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, options + ",mode=1777")
         tmp_root = "/tmp"
         report.private_tmp = True
