@@ -17,7 +17,7 @@ import json
 import re
 import zlib
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,6 +142,24 @@ def _bar(total: int, done: int, desc: str, show: bool) -> Any:
     )
 
 
+def _unfinished_chunks(
+    problems: Sequence[Problem], chunk: int | None, store: ResultStore, desc: str, show: bool
+) -> Iterator[tuple[int, list[Problem], Callable[[list[dict[str, Any]]], None]]]:
+    """Each chunk not yet finished in `store`, with its index (the seed material) and the function
+    that stores its rows and advances the progress bar."""
+    with _bar(len(problems), sum(store.done(p.id) for p in problems), desc, show) as bar:
+        for index, part in enumerate(_chunks(problems, chunk)):
+            if all(store.done(p.id) for p in part):
+                continue
+
+            def finish(rows: list[dict[str, Any]], part: list[Problem] = part) -> None:
+                new = sum(not store.done(p.id) for p in part)
+                store.add_many(rows)
+                bar.update(new)
+
+            yield index, part, finish
+
+
 def evaluate_sampling(
     problems: Sequence[Problem],
     generator: Any,
@@ -163,29 +181,22 @@ def evaluate_sampling(
     """
     grader = metric_view(grader)
     prompts = prompts or PromptBuilder()
-    parts = _chunks(problems, chunk)
-    done = sum(store.done(p.id) for p in problems)
-    with _bar(len(problems), done, stream, progress) as bar:
-        for index, part in enumerate(parts):
-            if all(store.done(p.id) for p in part):
-                continue
-            if seed is not None:
-                _seed_torch(chunk_seed(seed, stream, index))
-            chats = [prompts.fresh_messages(p) for p in part for _ in range(samples)]
-            completions = generator.generate(chats)
-            owners = [p for p in part for _ in range(samples)]
-            grades = grader.grade([(p, c.text) for p, c in zip(owners, completions, strict=True)])
-            rows = []
-            for i, problem in enumerate(part):
-                mine = grades[i * samples : (i + 1) * samples]
-                correct = sum(g.private_passed for g in mine)
-                rows.append({**_metadata(problem), "n": samples, "correct": correct})
-            new = sum(not store.done(p.id) for p in part)
-            store.add_many(rows)
-            bar.update(new)
-            if on_progress:
-                finished = sum(store.done(p.id) for p in problems)
-                on_progress(finished, len(problems))
+    for index, part, finish in _unfinished_chunks(problems, chunk, store, stream, progress):
+        if seed is not None:
+            _seed_torch(chunk_seed(seed, stream, index))
+        chats = [prompts.fresh_messages(p) for p in part for _ in range(samples)]
+        completions = generator.generate(chats)
+        owners = [p for p in part for _ in range(samples)]
+        grades = grader.grade([(p, c.text) for p, c in zip(owners, completions, strict=True)])
+        rows = []
+        for i, problem in enumerate(part):
+            mine = grades[i * samples : (i + 1) * samples]
+            correct = sum(g.private_passed for g in mine)
+            rows.append({**_metadata(problem), "n": samples, "correct": correct})
+        finish(rows)
+        if on_progress:
+            finished = sum(store.done(p.id) for p in problems)
+            on_progress(finished, len(problems))
 
 
 def evaluate_tree(
@@ -214,36 +225,29 @@ def evaluate_tree(
     """
     search = TreeSearch(config, prompts)
     searcher = search_grader if search_grader is not None else search_view(grader)
-    parts = _chunks(problems, chunk)
-    done = sum(store.done(p.id) for p in problems)
-    with _bar(len(problems), done, stream, progress) as bar:
-        for index, part in enumerate(parts):
-            if all(store.done(p.id) for p in part):
-                continue
-            material = chunk_seed(rng_seed, stream, index)
-            _seed_torch(material)
-            trees = search.grow(part, generators, searcher, np.random.default_rng(material))
-            if trees_path is not None:
-                for tree in trees:
-                    save_trees([tree], tree_file(trees_path, tree.problem.id))
-            rows = []
-            for problem, tree in zip(part, trees, strict=True):
-                chosen = best_public_node(tree)
-                verdicts = final_verdicts(tree, grader)
-                agents = {name: sum(n.agent == name for n in tree.answers()) for name in generators}
-                rows.append(
-                    {
-                        **_metadata(problem),
-                        "mcts_pass": bool(chosen is not None and verdicts[chosen.id]),
-                        "any_pass": any(verdicts.values()),
-                        "search_solved": tree.solved,
-                        "nodes": len(tree),
-                        "agents": agents,
-                    }
-                )
-            new = sum(not store.done(p.id) for p in part)
-            store.add_many(rows)
-            bar.update(new)
+    for index, part, finish in _unfinished_chunks(problems, chunk, store, stream, progress):
+        material = chunk_seed(rng_seed, stream, index)
+        _seed_torch(material)
+        trees = search.grow(part, generators, searcher, np.random.default_rng(material))
+        if trees_path is not None:
+            for tree in trees:
+                save_trees([tree], tree_file(trees_path, tree.problem.id))
+        rows = []
+        for problem, tree in zip(part, trees, strict=True):
+            chosen = best_public_node(tree)
+            verdicts = final_verdicts(tree, grader)
+            agents = {name: sum(n.agent == name for n in tree.answers()) for name in generators}
+            rows.append(
+                {
+                    **_metadata(problem),
+                    "mcts_pass": bool(chosen is not None and verdicts[chosen.id]),
+                    "any_pass": any(verdicts.values()),
+                    "search_solved": tree.solved,
+                    "nodes": len(tree),
+                    "agents": agents,
+                }
+            )
+        finish(rows)
 
 
 def evaluate_settings(
