@@ -5,8 +5,9 @@ problems, so that they emit runnable code. Then each method trains from those we
 problems with the same number of generated completions per step, and the held-out solve rate
 (pass@1) is measured every few steps. With ``--seeds N`` the whole experiment (warm start
 included) is repeated for seeds seed..seed+N-1 and the table and plot show mean ± sd over seeds.
-The weaker agent (tiny_llama) gets ``--weak-warm-epochs`` of warm start so that it starts as a
-real team member. Writes a PNG and a JSON of the curves and prints the table.
+Each agent's warm start runs until its training loss reaches a target (a fixed number of epochs
+lands at very different skill from one seed to the next); the weaker agent (tiny_llama) stops at a
+higher loss (``--weak-warm-loss``) so that it starts weaker but still a real team member. Writes a PNG and a JSON of the curves and prints the table.
 
     python scripts/learning_curve.py --steps 40 --seeds 3 --out logs/learning_curve
 """
@@ -40,18 +41,23 @@ METHODS = {
 }
 
 
-def warm_started(base: Path, out: Path, epochs: dict[str, int], seed: int) -> Path:
-    """Warm-start both tiny agents once per seed; every method starts from these weights."""
+def warm_started(
+    base: Path, out: Path, targets: dict[str, float], max_epochs: int, seed: int
+) -> Path:
+    """Warm-start both tiny agents once per seed, each to its target loss; every method starts
+    from these weights."""
     target = out / f"warm_seed{seed}"
     problems = arithmetic("warm_start")
     for name in ("tiny_qwen3", "tiny_llama"):
         if (target / name / "config.json").exists():
             continue
         agent = AgentModule(name, ModelSpec(str(base / name)), GenerationConfig(max_new_tokens=24))
-        losses = warm_start(agent, problems, WarmStartConfig(epochs=epochs[name], seed=seed))
+        config = WarmStartConfig(epochs=max_epochs, seed=seed, target_loss=targets[name])
+        losses = warm_start(agent, problems, config)
         agent.save_pretrained(str(target / name))
         print(
-            f"warm start {name}: loss {losses[0]:.3f} -> {losses[-1]:.3f} on {len(problems)} problems"
+            f"warm start {name} (seed {seed}): loss {losses[0]:.3f} -> {losses[-1]:.3f} in "
+            f"{len(losses)} epochs on {len(problems)} problems"
         )
     return target
 
@@ -154,8 +160,16 @@ def main() -> None:
     )
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--eval-samples", type=int, default=2)
-    parser.add_argument("--warm-epochs", type=int, default=45)
-    parser.add_argument("--weak-warm-epochs", type=int, default=90, help="tiny_llama's warm start")
+    parser.add_argument("--warm-max-epochs", type=int, default=150)
+    parser.add_argument(
+        "--warm-loss", type=float, default=0.05, help="tiny_qwen3's warm start stops at this loss"
+    )
+    parser.add_argument(
+        "--weak-warm-loss",
+        type=float,
+        default=0.09,
+        help="tiny_llama's (the weaker agent's) warm start stops at this loss",
+    )
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--seed", type=int, default=0)
@@ -163,14 +177,15 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     make_tiny_models(args.tiny)
-    epochs = {"tiny_qwen3": args.warm_epochs, "tiny_llama": args.weak_warm_epochs}
+    targets = {"tiny_qwen3": args.warm_loss, "tiny_llama": args.weak_warm_loss}
     runs: dict[str, list[list[tuple[int, str, float]]]] = {name: [] for name in METHODS}
     first = args.seed
     for seed in range(first, first + args.seeds):
         args.seed = seed
-        models = warm_started(args.tiny, args.out, epochs, seed)
-        for name, overrides in METHODS.items():
-            runs[name].append(run_method(name, overrides, models, args.out, args))
+        models = warm_started(args.tiny, args.out, targets, args.warm_max_epochs, seed)
+        # The pair first: its step-0 evaluation shows early whether the weak agent is a member.
+        for name in sorted(METHODS, key=lambda method: "pair" not in method):
+            runs[name].append(run_method(name, METHODS[name], models, args.out, args))
     (args.out / "learning_curve.json").write_text(json.dumps(runs, indent=1))
     table = summarise(runs)
     plot(table, args.seeds, args.out / "learning_curve.png")

@@ -230,3 +230,18 @@ def test_warm_start_syncs_an_attached_generator(tiny_models_dir: Path) -> None:
         (llm,) = runtime.started
         for name, value in llm.model.state_dict().items():
             torch.testing.assert_close(value, agent.policy.state_dict()[name])
+
+
+def test_warm_start_stops_at_its_target_loss(tiny_models_dir: Path) -> None:
+    from mars2.data.sources import arithmetic
+    from mars2.training.warm_start import WarmStartConfig, warm_start
+
+    problems = arithmetic("warm_start")[:4]
+    agent = _agent(tiny_models_dir / "tiny_llama", GenerationConfig())
+    full = warm_start(agent, problems, WarmStartConfig(epochs=3, batch_size=4))
+    assert len(full) == 3
+    # The first epoch's mean loss is far above 0 and below 1e3: the target is met at once.
+    early = warm_start(agent, problems, WarmStartConfig(epochs=3, batch_size=4, target_loss=1e3))
+    assert len(early) == 1
+    unmet = warm_start(agent, problems, WarmStartConfig(epochs=2, batch_size=4, target_loss=0.0))
+    assert len(unmet) == 2

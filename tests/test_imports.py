@@ -180,3 +180,22 @@ def test_pure_cores_import_no_lightning_or_vllm(package: str) -> None:
         if _package(name) == package
     }
     assert heavy and not any(heavy.values()), heavy
+
+
+def test_sandbox_worker_starts_without_the_training_stack() -> None:
+    """Every job's process is forked from the worker (via its executor): whatever the worker has
+    imported is copied into each fork, so it must not hold Hydra, OmegaConf, torch or Lightning.
+    """
+    import subprocess
+    import sys
+
+    heavy = ("hydra", "omegaconf", "torch", "lightning", "transformers", "numpy")
+    probe = (
+        "import sys, mars2.sandbox.worker, mars2.sandbox.judge; "
+        f"print(','.join(sorted(m for m in {heavy!r} if m in sys.modules)))"
+    )
+    env = {"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "", f"sandbox worker imports {out.stdout.strip()}"

@@ -85,6 +85,30 @@ def test_compile_error_and_exit_codes(sandbox: LocalSandbox) -> None:
     )
 
 
+def test_runtime_error_feedback_names_the_answers_frames(sandbox: LocalSandbox) -> None:
+    # The text a refinement prompt shows: the answer's frames with their source lines, chained
+    # exceptions, recursion counted rather than listed, and none of the harness's frames.
+    code = (
+        "def g(xs):\n    return xs[5]\n\n"
+        "def f():\n    try:\n        return g([])\n    except IndexError as e:\n"
+        "        raise ValueError('no sixth') from e\n\n"
+        "f()\n"
+    )
+    (result,) = sandbox.run_batch([Job(code, "stdin", ADD[:1])])
+    (test,) = result.tests
+    assert test.verdict is Verdict.RUNTIME_ERROR
+    error = test.error
+    assert 'File "<solution>", line 2, in g\n    return xs[5]\n' in error
+    assert "IndexError: list index out of range" in error
+    assert "direct cause" in error and error.endswith("ValueError: no sixth\n")
+    assert "harness" not in error
+    deep = "def f(n):\n    return f(n + 1)\n\nf(0)\n"
+    (result,) = sandbox.run_batch([Job(deep, "stdin", ADD[:1])])
+    error = result.tests[0].error
+    assert "more times]" in error and error.count("in f\n") == 3
+    assert "RecursionError" in error and len(error) < 1000
+
+
 def test_code_is_compiled_without_the_harness_future_flags(sandbox: LocalSandbox) -> None:
     # The harness module uses `from __future__ import annotations`; user code must not inherit it.
     code = "def f(x: int) -> int:\n    return x\n"

@@ -1,7 +1,7 @@
-"""mars2: multi-agent reinforced tree-search scaling (MARS²) for code generation."""
+"""mars2: multi-agent reinforced tree-search scaling (MARS²) for code generation.
+
+Kept import-free on purpose: sandbox workers start as ``python -m mars2.sandbox.worker`` and every
+job's process is forked from them, so whatever this file imports is copied into every fork.
+"""
 
 __version__ = "0.1.0"
-
-from mars2.utils.runs import register_resolver as _register_resolver
-
-_register_resolver()  # ${mars2_run_dir:...} in configs/hydra/default.yaml, for every entry point

@@ -11,7 +11,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from mars2.utils.runs import register_resolver
+
 CONFIG_PATH = "pkg://mars2.configs"
+register_resolver()  # ${mars2_run_dir:...} in configs/hydra/default.yaml, before Hydra reads it
 
 
 def default_root() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import builtins
 import io
 import json
+import linecache
 import os
 import signal
 import sys
@@ -216,17 +217,79 @@ def _status_of(err: BaseException) -> str:
     return RUNTIME_ERROR
 
 
-def _error_text(err: BaseException) -> str:
+def _error_text(err: BaseException, code: str | None = None) -> str:
+    """The feedback text of an exception: the answer's frames (with the line of `code` they
+    ran), chained exceptions, and the exception itself; the harness's own frames left out."""
     if isinstance(err, _CpuTimeout):
         return "time limit exceeded"
     if isinstance(err, _WallTimeout):
         return "wall-clock safety net exceeded"
     if isinstance(err, _OutputLimit):
         return "output limit exceeded"
-    lines = traceback.format_exception(type(err), err, err.__traceback__)
-    # Keep the user's frames: drop the harness's own.
-    kept = [ln for ln in lines if "harness.py" not in ln]
-    return _clip("".join(kept))
+    return _clip(_format_chain(err, code.splitlines() if code else [], set()))
+
+
+# `traceback.format_exception` costs a freshly forked child over a millisecond (it reads source
+# files and parses lines to place carets): most answers fail, so the text is built directly.
+_CAUSE = "\nThe above exception was the direct cause of the following exception:\n\n"
+_CONTEXT = "\nDuring handling of the above exception, another exception occurred:\n\n"
+_REPEATS_SHOWN = 3  # identical consecutive frames (recursion) shown before they are counted
+
+
+def _format_chain(err: BaseException, source: list[str], seen: set[int]) -> str:
+    seen.add(id(err))
+    text = ""
+    if err.__cause__ is not None and id(err.__cause__) not in seen:
+        text = _format_chain(err.__cause__, source, seen) + _CAUSE
+    elif (
+        err.__context__ is not None
+        and not err.__suppress_context__
+        and id(err.__context__) not in seen
+    ):
+        text = _format_chain(err.__context__, source, seen) + _CONTEXT
+    return text + _format_one(err, source)
+
+
+def _format_one(err: BaseException, source: list[str]) -> str:
+    frames: list[tuple[str, int, str]] = []
+    tb = err.__traceback__
+    while tb is not None:
+        frame_code = tb.tb_frame.f_code
+        if os.path.basename(frame_code.co_filename) != "harness.py":
+            frames.append((frame_code.co_filename, tb.tb_lineno, frame_code.co_name))
+        tb = tb.tb_next
+    lines = ["Traceback (most recent call last):\n"] if frames else []
+    index = 0
+    while index < len(frames):
+        run = 1
+        while index + run < len(frames) and frames[index + run] == frames[index]:
+            run += 1
+        filename, line, name = frames[index]
+        text = ""
+        if filename == "<solution>":
+            text = source[line - 1].strip() if 0 < line <= len(source) else ""
+        elif not filename.startswith("<"):
+            text = linecache.getline(filename, line).strip()
+        entry = f'  File "{filename}", line {line}, in {name}\n' + (f"    {text}\n" if text else "")
+        lines.extend([entry] * min(run, _REPEATS_SHOWN))
+        if run > _REPEATS_SHOWN:
+            lines.append(f"  [Previous line repeated {run - _REPEATS_SHOWN} more times]\n")
+        index += run
+    return "".join(lines) + _exception_line(err)
+
+
+def _exception_line(err: BaseException) -> str:
+    if isinstance(err, SyntaxError):  # its own layout (file, line, caret); rare at run time
+        return "".join(traceback.format_exception_only(type(err), err))
+    kind = type(err)
+    name = kind.__qualname__
+    if kind.__module__ not in ("__main__", "builtins"):
+        name = f"{kind.__module__}.{name}"
+    try:
+        message = str(err)
+    except BaseException:
+        message = "<exception str() failed>"
+    return f"{name}: {message}\n" if message else f"{name}\n"
 
 
 def compile_solution(code: str) -> CodeType:
@@ -398,7 +461,7 @@ def run_tests(
                 if isinstance(err, KeyboardInterrupt):
                     raise
                 result["status"] = _status_of(err)
-                result["error"] = _error_text(err)
+                result["error"] = _error_text(err, code)
                 if kind == "stdin":
                     result["stdout"] = out.getvalue()
                 if net is not None and isinstance(err, _WallTimeout):

@@ -23,6 +23,9 @@ class WarmStartConfig:
     lr: float = 2e-3
     batch_size: int = 16
     seed: int = 0
+    # Stop early once an epoch's mean loss is at or below this: a level of fit rather than a
+    # number of epochs, which lands at very different skill from one seed to the next.
+    target_loss: float | None = None
 
 
 def answer_text(problem: Problem) -> str:
@@ -84,6 +87,8 @@ def warm_start(agent: AgentModule, problems: Sequence[Problem], config: WarmStar
         losses.append(total / count)
         if on_epoch is not None:  # progress display
             on_epoch(losses[-1])
+        if config.target_loss is not None and losses[-1] <= config.target_loss:
+            break
     agent.mark_weights_changed()
     if agent.has_generator:
         agent.generator.sync()
