@@ -15,7 +15,7 @@ import pytest
 import mars2
 from mars2.data.humaneval import load_humaneval
 from mars2.data.toy import toy_problems
-from mars2.sandbox.base import Job, Verdict
+from mars2.sandbox.base import Job, JobResult, Sandbox, TestResult, Verdict
 from mars2.sandbox.compare import call_values_equal as compare_call
 from mars2.sandbox.compare import compare_stdout
 from mars2.sandbox.extract import extract_code
@@ -326,6 +326,38 @@ def test_uid_leases_never_overlap(tmp_path) -> None:
     assert third.uids == [70000, 70001, 70002]
     second.release()
     third.release()
+
+
+class _StarvedOnce(Sandbox):
+    """Scripted verdicts (no code runs): a stand-in for a machine so loaded that a test was
+    starved of CPU, which the real pool reports as `overloaded`."""
+
+    def __init__(self, starved_runs: int) -> None:
+        self.starved_runs = starved_runs
+        self.batches: list[list[str]] = []
+
+    def run_batch(self, jobs):  # type: ignore[no-untyped-def]
+        self.batches.append([job.code for job in jobs])
+        results = []
+        for job in jobs:
+            starve = "starved" in job.code and len(self.batches) <= self.starved_runs
+            verdict = Verdict.OVERLOADED if starve else Verdict.PASSED
+            results.append(JobResult([TestResult(i, verdict) for i in range(len(job.tests))]))
+        return results
+
+
+def test_grader_reruns_answers_starved_by_machine_load(caplog) -> None:
+    problem = toy_problems()[0]
+    items = [(problem, "print('fine')"), (problem, "print('starved')")]
+    box = _StarvedOnce(starved_runs=1)
+    grades = Grader(box).grade_code(items)
+    assert [g.reward for g in grades] == [1.0, 1.0]
+    assert box.batches[1] == ["print('starved')"]  # only the starved answer ran again
+    box = _StarvedOnce(starved_runs=2)
+    with caplog.at_level("WARNING"):
+        grades = Grader(box).grade_code(items)
+    assert [g.reward for g in grades] == [1.0, 0.0] and len(box.batches) == 2
+    assert "overloaded" in caplog.text
 
 
 def test_two_pools_at_once_grade_every_correct_answer_right() -> None:

@@ -16,6 +16,7 @@ How outputs are compared is the grading profile's business (`mars2.sandbox.compa
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -27,6 +28,7 @@ from mars2.sandbox.extract import extract_code
 
 RewardKind = Literal["binary", "pass_rate"]
 RewardTests = Literal["all", "public"]
+log = logging.getLogger(__name__)
 FEEDBACK_CAP = 300  # characters of a test's input / expected / actual shown in feedback
 ERROR_CAP = 800
 
@@ -88,6 +90,10 @@ def _feedback(tests: Sequence[TestCase], results: Sequence[TestResult]) -> list[
         )
         for t, r in zip(tests, results, strict=True)
     ]
+
+
+def _overloaded(result: JobResult) -> bool:
+    return any(t.verdict is Verdict.OVERLOADED for t in result.tests)
 
 
 def reward_from(result: JobResult, kind: RewardKind) -> float:
@@ -183,6 +189,25 @@ class Grader:
         configured = float(defaults.get("job_timeout", 60.0))
         return prof.job_wall_bound(per_test, n_tests, configured)
 
+    def _run_with_retry(self, jobs: list[Job]) -> list[JobResult]:
+        """Run the batch; jobs with a test starved by machine load (`overloaded`, which says
+        nothing about the answer) run once more, so that load does not turn into a zero reward."""
+        results = self.sandbox.run_batch(jobs) if jobs else []
+        starved = [i for i, r in enumerate(results) if _overloaded(r)]
+        if starved:
+            again = self.sandbox.run_batch([jobs[i] for i in starved])
+            for index, result in zip(starved, again, strict=True):
+                results[index] = result
+            still = sum(_overloaded(r) for r in again)
+            if still:
+                log.warning(
+                    "%d of %d answers still had a test starved of CPU after a re-run: they count "
+                    "as failed; the machine is overloaded (fewer sandbox workers?)",
+                    still,
+                    len(jobs),
+                )
+        return results
+
     def grade_code(
         self, items: Sequence[tuple[Problem, str | None]], with_public: bool = True
     ) -> list[Grade]:
@@ -212,7 +237,7 @@ class Grader:
                 )
             )
             slots.append(index)
-        results = self.sandbox.run_batch(jobs) if jobs else []
+        results = self._run_with_retry(jobs)
         grades = [Grade(code=None, passed=False) for _ in items]
         for slot, result in zip(slots, results, strict=True):
             problem, code = items[slot]
