@@ -682,6 +682,13 @@ def test_jobs_cannot_make_namespaces(sandbox: LocalSandbox) -> None:
     assert verdicts(sandbox, code, [{"input": "", "output": "-1 -1 -1\nfork ok"}]) == [
         Verdict.PASSED
     ]
+    # The filter and no_new_privs are on the job's own process (and any process it starts),
+    # whichever process installed them.
+    status = (
+        "fields = dict(l.split(':', 1) for l in open('/proc/self/status') if ':' in l)\n"
+        "print(fields['NoNewPrivs'].strip(), fields['Seccomp'].strip())\n"
+    )
+    assert verdicts(sandbox, status, [{"input": "", "output": "1 2"}]) == [Verdict.PASSED]
     assert verdicts(sandbox, ADD_CODE) == [Verdict.PASSED, Verdict.PASSED]
 
 

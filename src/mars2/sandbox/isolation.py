@@ -285,11 +285,15 @@ class UidDropper:
         self.seccomp_ok = self._fprog is not None
 
     def drop(self) -> None:
-        """In the child: leave root for the sandbox uid, then lock the process down."""
+        """In the child: leave root for the sandbox uid (every capability goes with it)."""
         if self.uid is not None:
             os.setgroups([])
             os.setgid(self.uid)
             os.setuid(self.uid)  # from root to another uid, without KEEPCAPS: every capability goes
+
+    def lock_down(self) -> None:
+        """Set no_new_privs and install the seccomp filter on the calling process; both are
+        inherited by every process it forks afterwards and can never be removed."""
         _check(self._prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
         if self._fprog is not None:
             _check(
@@ -366,7 +370,12 @@ def apply_limits(
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))
     resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     limit = running_tasks + max_tasks
     resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails instead of killing
+
+
+def apply_inherited_limits() -> None:
+    """What every job shares, set once on the process that forks them (inherited by fork): no
+    core dumps, and an oversized write fails instead of killing the job with SIGXFSZ."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
