@@ -107,6 +107,14 @@ def test_runtime_error_feedback_names_the_answers_frames(sandbox: LocalSandbox) 
     error = result.tests[0].error
     assert "more times]" in error and error.count("in f\n") == 3
     assert "RecursionError" in error and len(error) < 1000
+    # A chain of a thousand exceptions raised while handling others: the last few are shown.
+    chained = (
+        "def f(n):\n    try:\n        raise KeyError(n)\n    except KeyError:\n"
+        "        if n < 500:\n            f(n + 1)\n        raise ValueError(n)\n\nf(0)\n"
+    )
+    (result,) = sandbox.run_batch([Job(chained, "stdin", ADD[:1])])
+    assert result.tests[0].verdict is Verdict.RUNTIME_ERROR
+    assert 0 < result.tests[0].error.count("During handling") < 8
 
 
 def test_code_is_compiled_without_the_harness_future_flags(sandbox: LocalSandbox) -> None:

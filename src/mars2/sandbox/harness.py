@@ -226,7 +226,7 @@ def _error_text(err: BaseException, code: str | None = None) -> str:
         return "wall-clock safety net exceeded"
     if isinstance(err, _OutputLimit):
         return "output limit exceeded"
-    return _clip(_format_chain(err, code.splitlines() if code else [], set()))
+    return _clip(_format_chain(err, code.splitlines() if code else []))
 
 
 # `traceback.format_exception` costs a freshly forked child over a millisecond (it reads source
@@ -234,20 +234,26 @@ def _error_text(err: BaseException, code: str | None = None) -> str:
 _CAUSE = "\nThe above exception was the direct cause of the following exception:\n\n"
 _CONTEXT = "\nDuring handling of the above exception, another exception occurred:\n\n"
 _REPEATS_SHOWN = 3  # identical consecutive frames (recursion) shown before they are counted
+_CHAIN_SHOWN = 8  # exceptions of a chain (raise ... from, raised while handling) shown
 
 
-def _format_chain(err: BaseException, source: list[str], seen: set[int]) -> str:
-    seen.add(id(err))
-    text = ""
-    if err.__cause__ is not None and id(err.__cause__) not in seen:
-        text = _format_chain(err.__cause__, source, seen) + _CAUSE
-    elif (
-        err.__context__ is not None
-        and not err.__suppress_context__
-        and id(err.__context__) not in seen
-    ):
-        text = _format_chain(err.__context__, source, seen) + _CONTEXT
-    return text + _format_one(err, source)
+def _format_chain(err: BaseException, source: list[str]) -> str:
+    """The exception and up to `_CHAIN_SHOWN - 1` exceptions it was raised from or during, the
+    oldest first (walked iteratively: a chain can be as long as the answer makes it)."""
+    chain: list[tuple[BaseException, str]] = []
+    seen: set[int] = set()
+    current: BaseException | None = err
+    link = ""
+    while current is not None and id(current) not in seen and len(chain) < _CHAIN_SHOWN:
+        seen.add(id(current))
+        chain.append((current, link))
+        if current.__cause__ is not None:
+            current, link = current.__cause__, _CAUSE
+        elif current.__context__ is not None and not current.__suppress_context__:
+            current, link = current.__context__, _CONTEXT
+        else:
+            current = None
+    return "".join(_format_one(e, source) + link for e, link in reversed(chain))
 
 
 def _format_one(err: BaseException, source: list[str]) -> str:
