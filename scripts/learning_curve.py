@@ -7,7 +7,8 @@ problems with the same number of generated completions per step, and the held-ou
 included) is repeated for seeds seed..seed+N-1 and the table and plot show mean ± sd over seeds.
 Each agent's warm start runs until its training loss reaches a target (a fixed number of epochs
 lands at very different skill from one seed to the next); the weaker agent (tiny_llama) stops at a
-higher loss (``--weak-warm-loss``) so that it starts weaker but still a real team member. Writes a PNG and a JSON of the curves and prints the table.
+higher loss (``--weak-warm-loss``) so that it starts weaker but still a real team member. Writes a
+PNG and a JSON of the curves and prints the table.
 
     python scripts/learning_curve.py --steps 40 --seeds 3 --out logs/learning_curve
 """

@@ -153,7 +153,6 @@ class Executor:
         return workdir
 
     def serve(self, rfd: int, wfd: int) -> None:
-        gc.freeze()
         while True:
             message = _recv(rfd)
             if message is None:
