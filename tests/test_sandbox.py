@@ -679,6 +679,31 @@ def test_a_job_may_start_32_threads_and_a_fork_bomb_is_still_contained(
     assert verdicts(sandbox, ADD_CODE) == [Verdict.PASSED, Verdict.PASSED]
 
 
+def test_a_job_inherits_its_limits_directory_and_descriptors_from_the_executor() -> None:
+    """What the executor sets once for every job (the file-size and, for a dedicated uid, task
+    limits, the job directory, /dev/null on fd 2) is what a job sees, next to its own limits."""
+    code = (
+        "import os, resource\n"
+        "print(*(resource.getrlimit(getattr(resource, 'RLIMIT_' + n))[0]"
+        " for n in ('AS', 'FSIZE', 'CORE')))\n"
+        "print(resource.getrlimit(resource.RLIMIT_NPROC)[0])\n"
+        "print(os.getcwd() == os.environ['HOME'], os.readlink('/proc/self/fd/2'))\n"
+        "try:\n    open('big', 'wb').write(b'x' * (3 << 20))\nexcept OSError as err:\n"
+        "    print('refused', err.errno)\n"
+    )
+    with LocalSandbox(
+        num_workers=1, memory_mb=512, file_size_mb=2, max_processes=3, max_threads=5
+    ) as box:
+        (result,) = box.run_batch([Job(code, "stdin", [{"input": "", "output": ""}])])
+        lines = result.tests[0].actual.splitlines()
+        assert lines[0] == f"{512 << 20} {2 << 20} 0", result.tests[0]
+        if box.isolation["sandbox_uid"] is not None:  # else it also counts the user's tasks
+            assert lines[1] == "8"
+        assert lines[2] == "True /dev/null"
+        assert lines[3] == "refused 27"  # EFBIG: the write fails, the job is not killed
+        assert verdicts(box, ADD_CODE) == [Verdict.PASSED, Verdict.PASSED]
+
+
 def test_jobs_cannot_make_namespaces(sandbox: LocalSandbox) -> None:
     if not sandbox.isolation.get("seccomp"):
         pytest.skip("no seccomp filter on this machine (the pool logged a warning)")

@@ -359,23 +359,24 @@ def kill_uid(uid: int, deadline: float) -> bool:
         time.sleep(0.001)
 
 
-def apply_limits(
-    memory_bytes: int, cpu_seconds: int, max_tasks: int, file_bytes: int, running_tasks: int
-) -> None:
-    """Set the rlimits of the calling (child) process.
+def apply_limits(memory_bytes: int, cpu_seconds: int, max_tasks: int | None) -> None:
+    """Set the per-job rlimits of the calling (child) process.
 
-    RLIMIT_NPROC counts every task (process or thread) of the uid: `running_tasks` is how many it
-    already has (0 for a dedicated uid), so that the child may start `max_tasks` more.
+    RLIMIT_NPROC counts every task (process or thread) of the uid: `max_tasks` is the limit to set
+    here (including what a shared uid already runs), or None where the executor set it once.
     """
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
-    limit = running_tasks + max_tasks
-    resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
+    if max_tasks is not None:
+        resource.setrlimit(resource.RLIMIT_NPROC, (max_tasks, max_tasks))
 
 
-def apply_inherited_limits() -> None:
+def apply_inherited_limits(file_bytes: int, max_tasks: int | None) -> None:
     """What every job shares, set once on the process that forks them (inherited by fork): no
-    core dumps, and an oversized write fails instead of killing the job with SIGXFSZ."""
+    core dumps, the file-size cap (an oversized write fails instead of killing the job with
+    SIGXFSZ) and, where given, the task limit (it binds a job once it leaves root)."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    if max_tasks is not None:
+        resource.setrlimit(resource.RLIMIT_NPROC, (max_tasks, max_tasks))

@@ -136,12 +136,18 @@ class Executor:
         self._clean_builtins = dict(vars(builtins))
         # no_new_privs, the seccomp filter and the shared limits are set here once and inherited
         # by every child: set in each child, they cost it a third of a millisecond of page faults.
-        apply_inherited_limits()
+        apply_inherited_limits(
+            file_bytes=int(config["file_size_mb"]) << 20,
+            # RLIMIT_NPROC does not bind root: set here, it binds the job once it drops to its
+            # own uid. With a shared uid it depends on the uid's running tasks: set per child.
+            max_tasks=self._max_tasks() if uid is not None else None,
+        )
         try:
             dropper.lock_down()
             self.locked_down = True
         except OSError:
             self.locked_down = False  # each child tries again, and fails its job if it cannot
+        self._warm_up()
 
     def _new_workdir(self) -> str:
         workdir = make_private_dir(self.job_parent, "job-")
@@ -150,7 +156,30 @@ class Executor:
         # Set here once, inherited by every child: nothing of the trainer's environment remains.
         os.environ["HOME"] = workdir
         os.environ["TMPDIR"] = workdir
+        os.chdir(workdir)
         return workdir
+
+    def _max_tasks(self) -> int:
+        return int(self.config["max_processes"]) + int(self.config["max_threads"])
+
+    def _warm_up(self) -> None:
+        """Run the harness here a few times on trivial jobs before any child is forked.
+
+        CPython specialises a function's bytecode in place while it runs: run for the first time
+        in each child, the harness would write to its code objects there, and every page written
+        in a child is a copy-on-write fault. Run here, the children inherit it specialised.
+        """
+        code = "def f(x):\n    return [x, str(x)]\n"
+        check = f"def check(c):\n    {harness.REPORT_NAME}(0, c(1))\n"
+        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGPROF, signal.SIGALRM)}
+        for _ in range(10):  # past the interpreter's warm-up count
+            for kind, inputs in (("call", ["1", "2"]), ("humaneval", [check])):
+                harness.run_tests(
+                    code, kind, inputs, lambda result: None, fn_name="f", cpu_limit=60.0,
+                    wall_limit=60.0, clean_builtins=self._clean_builtins, fresh=True,
+                )  # fmt: skip
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
 
     def serve(self, rfd: int, wfd: int) -> None:
         while True:
@@ -334,10 +363,9 @@ class Executor:
         # Every page the child writes is a copy-on-write fault, the main cost of a job: the
         # executor froze its objects before forking (the collector never walks them), and the
         # setup below stays at raw syscalls.
+        # The working directory, fds 0-2 (/dev/null), the file-size and (for a dedicated uid)
+        # task limits are the executor's own, inherited.
         os.setpgid(0, 0)
-        os.chdir(self.workdir)
-        for fd in (0, 1, 2):  # Python-level output is captured by the harness; the rest is dropped
-            os.dup2(self.devnull, fd)
         # Nothing of the executor's may reach user code: only the result pipe stays open.
         os.closerange(3, result_fd)
         os.closerange(result_fd + 1, 1 << 16)
@@ -347,9 +375,7 @@ class Executor:
         apply_limits(
             memory_bytes=int(self.config["memory_mb"]) << 20,
             cpu_seconds=cpu_seconds,
-            max_tasks=int(self.config["max_processes"]) + int(self.config["max_threads"]),
-            file_bytes=int(self.config["file_size_mb"]) << 20,
-            running_tasks=running_tasks,
+            max_tasks=None if self.uid is not None else self._max_tasks() + running_tasks,
         )
 
 
@@ -407,7 +433,8 @@ class Worker:
                 os.close(self._to_exec)
                 os.close(self._from_exec)
                 devnull = os.open(os.devnull, os.O_RDWR)
-                for fd in (0, 1):  # the pool's protocol pipes are the worker's alone
+                # The pool's protocol pipes are the worker's alone; jobs inherit these three.
+                for fd in (0, 1, 2):
                     os.dup2(devnull, fd)
                 Executor(config, self.uid, dropper, job_parent).serve(to_exec_r, from_exec_w)
             except BaseException:
