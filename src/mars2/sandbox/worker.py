@@ -169,17 +169,34 @@ class Executor:
         in each child, the harness would write to its code objects there, and every page written
         in a child is a copy-on-write fault. Run here, the children inherit it specialised.
         """
-        code = "def f(x):\n    return [x, str(x)]\n"
+        function = "def f(x):\n    return [x, str(x)]\n"
         check = f"def check(c):\n    {harness.REPORT_NAME}(0, c(1))\n"
+        jobs = [
+            (function, "call", ["1", "2"], "lenient"),
+            (function, "humaneval", [check], "lenient"),
+            ("print(int(input()) + 1)\n", "stdin", ["1", "2"], "lenient"),
+            ("print(int(input()) + 1)\n", "stdin", ["1", "2"], "lcb"),
+        ]
         handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGPROF, signal.SIGALRM)}
-        for _ in range(10):  # past the interpreter's warm-up count
-            for kind, inputs in (("call", ["1", "2"]), ("humaneval", [check])):
-                harness.run_tests(
-                    code, kind, inputs, lambda result: None, fn_name="f", cpu_limit=60.0,
-                    wall_limit=60.0, clean_builtins=self._clean_builtins, fresh=True,
-                )  # fmt: skip
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+        # The harness raises these for its profile; the executor keeps its own (it compiles).
+        recursion_limit = sys.getrecursionlimit()
+        digits = sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else None
+        try:
+            for _ in range(10):  # past the interpreter's warm-up count
+                for code, kind, inputs, profile in jobs:
+                    harness.run_tests(
+                        code, kind, inputs, lambda result: None, fn_name="f", cpu_limit=60.0,
+                        wall_limit=60.0, profile=profile, clean_builtins=self._clean_builtins,
+                        fresh=True,
+                    )  # fmt: skip
+        except Exception:
+            pass  # only a missed speed-up
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+            sys.setrecursionlimit(recursion_limit)
+            if digits is not None:
+                sys.set_int_max_str_digits(digits)
 
     def serve(self, rfd: int, wfd: int) -> None:
         while True:
