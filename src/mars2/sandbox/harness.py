@@ -24,6 +24,12 @@ from json.encoder import encode_basestring_ascii as _quote
 from types import CodeType
 from typing import Any
 
+try:  # the C function: `signal.signal` wraps it in enum conversions that cost a freshly forked
+    # child a few dozen copy-on-write page faults
+    from _signal import signal as _set_handler  # type: ignore[import-not-found, unused-ignore]
+except ImportError:  # pragma: no cover - not CPython
+    _set_handler = signal.signal
+
 try:  # inside the mars2 package; E2B ships compare.py and prelude.py next to this file
     from mars2.sandbox import prelude as _prelude
     from mars2.sandbox.compare import clip, encode_value, find_callable, get_profile
@@ -52,6 +58,7 @@ BUSY_SHARE = 0.2
 # How many more times a starved test's wall-clock net is re-armed before it is given up on: the
 # CPU-time limit, not the machine's load, should end a busy test.
 WALL_EXTENSIONS = 3
+_SIGPROF, _SIGALRM = int(signal.SIGPROF), int(signal.SIGALRM)
 REPORT_NAME = "__mars2_report__"  # how rewritten humaneval checks hand values to the judge
 
 
@@ -421,7 +428,7 @@ def run_tests(
     """
     real_stdout, real_stderr, real_stdin = sys.stdout, sys.stderr, sys.stdin
     real_exit = os._exit
-    signal.signal(signal.SIGPROF, _on_cpu_limit)
+    _set_handler(_SIGPROF, _on_cpu_limit)
     settings = get_profile(profile)
     sys.setrecursionlimit(max(sys.getrecursionlimit(), settings.recursion_limit))
     if settings.int_max_str_digits is not None and hasattr(sys, "set_int_max_str_digits"):
@@ -440,7 +447,7 @@ def run_tests(
     # A forked child's schedstat starts at zero; elsewhere (E2B) the process ran before this.
     net = None if wall_limit is None else _WallNet(wall_limit, 0.0 if fresh else run_delay())
     if net is not None:
-        signal.signal(signal.SIGALRM, net.on_alarm)
+        _set_handler(_SIGALRM, net.on_alarm)
     os._exit = _fake_exit  # type: ignore[assignment]
     try:
         for index in range(start, len(inputs)):
