@@ -124,7 +124,6 @@ class Executor:
         self.is_init = (
             os.getpid() == 1
         )  # init of the jobs' pid namespace: kill(-1) reaches them all
-        self.devnull = os.open(os.devnull, os.O_RDWR)
         self.private_tmp = job_parent == "/tmp"
         self.workdir = self._new_workdir()
         self._checks: dict[str, CodeType] = {}
