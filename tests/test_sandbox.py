@@ -49,6 +49,8 @@ def test_compare_call_semantics() -> None:
     assert compare_call(0.1 + 0.2, 0.3)
     assert not compare_call([1, 2], [2, 1])
     assert not compare_call(True, 1.5)
+    assert not compare_call(1.0, 10**400)  # no float is close to an int beyond float range
+    assert compare_call(10**400, 10**400)
 
 
 def test_extract_code_takes_last_parsing_python_block() -> None:
@@ -162,6 +164,42 @@ def test_scratch_removal_never_follows_links(tmp_path) -> None:
     assert (outside / "keep.txt").read_text() == "x"
     remove_tree(str(job))
     assert not job.exists()
+
+
+def test_scratch_removal_handles_trees_deeper_than_recursion_and_path_limits(tmp_path) -> None:
+    outside = tmp_path / "outside.txt"
+    outside.write_text("x")
+    job = tmp_path / "job"
+    job.mkdir()
+    depth = sys.getrecursionlimit() + 500  # and 2 bytes a level: past PATH_MAX (4096) too
+    fd = os.open(job, os.O_RDONLY)
+    try:
+        for level in range(depth):
+            os.mkdir("d", dir_fd=fd)
+            os.symlink(outside, "link", dir_fd=fd)
+            os.close(os.open(f"f{level % 3}", os.O_CREAT | os.O_WRONLY, dir_fd=fd))
+            inner = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+    finally:
+        os.close(fd)
+    remove_tree(str(job), keep_top=True)
+    assert job.is_dir() and not any(job.iterdir())
+    assert outside.read_text() == "x"
+
+
+def test_a_job_leaving_a_very_deep_tree_keeps_its_verdict_and_the_worker(
+    sandbox: LocalSandbox,
+) -> None:
+    deep = (
+        "import os\nfor _ in range(1500):\n    os.mkdir('d')\n    os.chdir('d')\n"
+        "a, b = map(int, input().split())\nprint(a + b)\n"
+    )
+    assert verdicts(sandbox, deep, ADD[:1]) == [Verdict.PASSED]
+    look = "import os\nprint('d' in os.listdir('.'))\n"
+    (seen,) = sandbox.run_batch([Job(look, "stdin", [{"input": "", "output": "False"}])])
+    assert seen.tests[0].verdict is Verdict.PASSED, seen.tests[0].actual  # emptied for the next
+    assert verdicts(sandbox, ADD_CODE) == [Verdict.PASSED, Verdict.PASSED]
 
 
 HOSTILE = {
@@ -514,6 +552,36 @@ def test_humaneval_check_cannot_be_skipped_or_patched(sandbox: LocalSandbox) -> 
     ]
 
 
+# Found by a red-team pass: the answer's process holds the reports until they are sent, so it
+# can drop some of them (here: all but the first) when the check returns.
+DROP_REPORTS = """
+import sys
+def f(x):
+    check = sys._getframe(1)
+    reports = check.f_globals["__mars2_report__"].__closure__[0].cell_contents
+    def dropper(frame, event, arg):
+        if event == "return" and frame is check:
+            del reports[1:]
+    sys.setprofile(dropper)
+    return 27182818 if x == 0 else 0
+"""
+
+
+@pytest.mark.parametrize(
+    "loop",
+    [
+        "    for x in range(3):\n        assert candidate(x) == 27182818\n",
+        "    for x in [0, 1, 2]:\n        assert candidate(x) == 27182818\n",
+        "    for x in (0, 1):\n        for y in 'ab':\n            assert candidate(x) == 27182818\n",
+    ],
+)
+def test_asserts_in_literal_loops_must_report_every_run(sandbox: LocalSandbox, loop: str) -> None:
+    check = {"input": "def check(candidate):\n" + loop, "output": ""}
+    assert verdicts(sandbox, DROP_REPORTS, [check], "humaneval", "f") == [Verdict.WRONG_ANSWER]
+    honest = "def f(x):\n    return 27182818\n"
+    assert verdicts(sandbox, honest, [check], "humaneval", "f") == [Verdict.PASSED]
+
+
 def test_lifted_checks_carry_no_expected_values() -> None:
     from mars2.sandbox.judge import rewrite_check
 
@@ -525,8 +593,8 @@ def test_lifted_checks_carry_no_expected_values() -> None:
     )
     rewritten = rewrite_check(source)
     assert rewritten is not None
-    assert [(s.kind, s.required) for s in rewritten.sites] == [
-        ("eq", True), ("is", True), ("falsy", True), ("eq", False),
+    assert [(s.kind, s.times) for s in rewritten.sites] == [
+        ("eq", 1), ("is", 1), ("falsy", 1), ("eq", 3),
     ]  # fmt: skip
     shipped = rewritten.source()
     assert "31415926" not in shipped and "27182818" not in shipped
@@ -606,6 +674,48 @@ def test_dev_shm_is_private_capped_and_emptied_after_each_job() -> None:
         (capped,) = box.run_batch([Job(overflow, "stdin", ADD[:1])])
         assert capped.tests[0].actual.startswith("capped 28")  # ENOSPC
         assert verdicts(box, ADD_CODE) == [Verdict.PASSED, Verdict.PASSED]
+
+
+IPC_ATTEMPTS = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mq_open.restype = ctypes.c_int
+libc.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p]
+key, create = 0x4D415253, 0o1666  # IPC_CREAT | 0666
+calls = {
+    "shmget": lambda: libc.shmget(key, 1 << 20, create),
+    "msgget": lambda: libc.msgget(key, create),
+    "semget": lambda: libc.semget(key, 1, create),
+    "mq_open": lambda: libc.mq_open(b"/mars2-leftover", 0o102, 0o666, None),  # O_RDWR|O_CREAT
+}
+for name, call in calls.items():
+    print(name, call(), ctypes.get_errno())
+"""
+
+
+def _host_ipc_keys() -> set[str]:
+    keys = set()
+    for kind in ("shm", "msg", "sem"):
+        with open(f"/proc/sysvipc/{kind}", encoding="ascii") as handle:
+            keys |= {line.split()[0] for line in handle.readlines()[1:]}
+    return keys
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="an IPC namespace needs root")
+def test_jobs_cannot_make_ipc_objects_that_outlive_them() -> None:
+    """System V segments, queues and semaphores and POSIX message queues outlive their process:
+    a job must not leave memory behind (outside its limits) or pass data to a later job."""
+    before = _host_ipc_keys()
+    with LocalSandbox(num_workers=1, per_test_timeout=2.0) as box:
+        assert box.isolation["ipc_isolated"] and box.isolation["seccomp"]
+        (result,) = box.run_batch([Job(IPC_ATTEMPTS, "stdin", ADD[:1])])
+        shown = result.tests[0].actual.strip().splitlines()
+        assert [line.split()[0] for line in shown] == ["shmget", "msgget", "semget", "mq_open"]
+        for line in shown:
+            _, returned, errno = line.split()
+            assert returned == "-1" and errno in ("1", "28"), shown  # EPERM (seccomp), ENOSPC
+        assert verdicts(box, ADD_CODE) == [Verdict.PASSED, Verdict.PASSED]
+    assert str(0x4D415253) not in _host_ipc_keys() - before
 
 
 STALLS = {

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 CLONE_NEWNS = 0x00020000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
+CLONE_NEWIPC = 0x08000000
 # CLONE_NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET | NEWNS
 _NAMESPACE_FLAGS = 0x7E020000
 MS_RDONLY = 1
@@ -47,6 +48,7 @@ class IsolationReport:
         self.readonly_root = False
         self.pid_namespace = False
         self.private_tmp = False
+        self.ipc_isolated = False
         self.seccomp = False
         self.sandbox_uid: int | None = None
         self.hidden: list[str] = []
@@ -134,7 +136,7 @@ def isolate_worker(
     report: IsolationReport,
     pid_namespace: bool = True,
 ) -> str | None:
-    """Move this (worker) process into new mount/net/pid namespaces; children inherit them.
+    """Move this (worker) process into new mount/net/pid/IPC namespaces; children inherit them.
 
     Returns the private, size-capped tmpfs mounted on /tmp for job directories (None without).
     """
@@ -157,6 +159,12 @@ def isolate_worker(
         report.pid_namespace = True
     except OSError as err:
         report.missing.append(f"pid namespace ({err}): jobs are reaped by uid")
+    try:
+        _check(libc.unshare(CLONE_NEWIPC), "unshare ipc")
+        _forbid_ipc_objects()
+        report.ipc_isolated = True
+    except OSError as err:
+        report.missing.append(f"IPC namespace ({err}): only seccomp keeps jobs off System V IPC")
     tmp_root = None
     needed = interpreter_paths()
     try:
@@ -194,21 +202,42 @@ def isolate_worker(
     return tmp_root
 
 
+# System V IPC objects and POSIX message queues outlive the process that made them: a job could
+# leave memory behind (outside every limit) or pass data to a later job. Their limits are
+# per IPC namespace, so in the worker's own namespace they are set to zero.
+_IPC_LIMITS = {
+    "/proc/sys/kernel/shmmni": "0",
+    "/proc/sys/kernel/msgmni": "0",
+    "/proc/sys/kernel/sem": "0 0 0 0",
+    "/proc/sys/fs/mqueue/queues_max": "0",
+}
+
+
+def _forbid_ipc_objects() -> None:
+    for path, value in _IPC_LIMITS.items():
+        with open(path, "w", encoding="ascii") as handle:
+            handle.write(value)
+
+
 # --- seccomp -----------------------------------------------------------------------------------
 
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 # unshare, setns, clone, clone3, mount, umount2, pivot_root, chroot, bpf, userfaultfd,
-# perf_event_open, keyctl, add_key, request_key
+# perf_event_open, the keyring calls, System V IPC and POSIX message queues
 _SYSCALLS = {
     "x86_64": dict(
         unshare=272, setns=308, clone=56, clone3=435, mount=165, umount2=166, pivot_root=155,
         chroot=161, bpf=321, userfaultfd=323, perf_event_open=298, keyctl=250, add_key=248,
-        request_key=249,
+        request_key=249, shmget=29, shmat=30, shmctl=31, shmdt=67, semget=64, semop=65, semctl=66,
+        semtimedop=220, msgget=68, msgsnd=69, msgrcv=70, msgctl=71, mq_open=240, mq_unlink=241,
+        mq_timedsend=242, mq_timedreceive=243, mq_notify=244, mq_getsetattr=245,
     ),
     "aarch64": dict(
         unshare=97, setns=268, clone=220, clone3=435, mount=40, umount2=39, pivot_root=41,
         chroot=51, bpf=280, userfaultfd=282, perf_event_open=241, keyctl=219, add_key=217,
-        request_key=218,
+        request_key=218, shmget=194, shmat=196, shmctl=195, shmdt=197, semget=190, semop=193,
+        semctl=191, semtimedop=192, msgget=186, msgsnd=189, msgrcv=188, msgctl=187, mq_open=180,
+        mq_unlink=181, mq_timedsend=182, mq_timedreceive=183, mq_notify=184, mq_getsetattr=185,
     ),
 }  # fmt: skip
 _RET_ALLOW = 0x7FFF0000
@@ -221,9 +250,10 @@ class _SockFprog(ctypes.Structure):
 
 
 def seccomp_program() -> bytes | None:
-    """A BPF filter refusing new namespaces (unshare, setns, clone with CLONE_NEW*) and a few
-    kernel attack surfaces; clone3 answers ENOSYS so that libc falls back to clone, whose flags
-    the filter can read. None on architectures it does not know."""
+    """A BPF filter refusing new namespaces (unshare, setns, clone with CLONE_NEW*), a few kernel
+    attack surfaces and the IPC objects that outlive a job (System V IPC, POSIX message queues);
+    clone3 answers ENOSYS so that libc falls back to clone, whose flags the filter can read.
+    None on architectures it does not know."""
     machine = platform.machine()
     if machine not in _AUDIT_ARCH:
         return None
@@ -239,9 +269,9 @@ def seccomp_program() -> bytes | None:
         (0x35, deny, 0, 0x40000000),  # jge x32 syscall bit
         (0x15, nosys, 0, nr["clone3"]),
     ]
-    for name in ("unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "bpf",
-                 "userfaultfd", "perf_event_open", "keyctl", "add_key", "request_key"):  # fmt: skip
-        prog.append((0x15, deny, 0, nr[name]))
+    for name in nr:
+        if name not in ("clone", "clone3"):
+            prog.append((0x15, deny, 0, nr[name]))
     prog += [
         (0x15, 0, allow, nr["clone"]),
         (0x20, 0, 0, 16),  # ld args[0] (low 32 bits)

@@ -58,14 +58,14 @@ def wall_trip_verdict(
 class Site:
     """One lifted assert: the child reports a value, this decides whether it is right."""
 
-    __slots__ = ("expected", "kind", "line", "required", "strict", "tolerance")
+    __slots__ = ("expected", "kind", "line", "strict", "times", "tolerance")
 
     def __init__(
         self,
         kind: str,
         expected: Any,
         line: int,
-        required: bool,
+        times: int,
         tolerance: float = 0.0,
         strict: bool = True,
     ) -> None:
@@ -74,7 +74,8 @@ class Site:
         self.tolerance = tolerance
         self.strict = strict
         self.line = line
-        self.required = required
+        # How many reports the check must make from this site (0: as many as it happens to).
+        self.times = times
 
     def accepts(self, value: Any) -> bool:
         if isinstance(value, Opaque):
@@ -122,7 +123,7 @@ def _is_abs_call(node: ast.AST) -> bool:
     )
 
 
-def _lift(test: ast.expr, line: int, required: bool) -> tuple[ast.expr, Site] | None:
+def _lift(test: ast.expr, line: int, times: int) -> tuple[ast.expr, Site] | None:
     """The expression to report and the site that judges it, for the assert forms we lift."""
     if isinstance(test, ast.Compare) and len(test.ops) == 1:
         left, op, right = test.left, test.ops[0], test.comparators[0]
@@ -130,11 +131,11 @@ def _lift(test: ast.expr, line: int, required: bool) -> tuple[ast.expr, Site] | 
         right_lit, right_val = _literal(right)
         if isinstance(op, ast.Eq) and left_lit != right_lit:
             return (
-                (right, Site("eq", left_val, line, required))
+                (right, Site("eq", left_val, line, times))
                 if left_lit
                 else (
                     left,
-                    Site("eq", right_val, line, required),
+                    Site("eq", right_val, line, times),
                 )
             )
         if (
@@ -144,7 +145,7 @@ def _lift(test: ast.expr, line: int, required: bool) -> tuple[ast.expr, Site] | 
             and right_val in (True, False, None)
             and type(right_val) in (bool, type(None))
         ):
-            return left, Site("is", right_val, line, required)
+            return left, Site("is", right_val, line, times)
         if isinstance(op, (ast.Lt, ast.LtE)) and right_lit and _is_abs_call(left):
             inner = left.args[0]  # type: ignore[attr-defined]
             tol_ok = isinstance(right_val, (int, float)) and not isinstance(right_val, bool)
@@ -155,19 +156,50 @@ def _lift(test: ast.expr, line: int, required: bool) -> tuple[ast.expr, Site] | 
                     value, other = (inner.right, a_val) if a_lit else (inner.left, b_val)
                     if isinstance(other, (int, float)) and not isinstance(other, bool):
                         site = Site(
-                            "close", other, line, required, float(right_val), isinstance(op, ast.Lt)
+                            "close", other, line, times, float(right_val), isinstance(op, ast.Lt)
                         )
                         return value, site
         return None
     if isinstance(test, ast.Call):
-        return test, Site("truthy", None, line, required)
+        return test, Site("truthy", None, line, times)
     if (
         isinstance(test, ast.UnaryOp)
         and isinstance(test.op, ast.Not)
         and isinstance(test.operand, ast.Call)
     ):
-        return test.operand, Site("falsy", None, line, required)
+        return test.operand, Site("falsy", None, line, times)
     return None
+
+
+_COUNTED_RUNS = 100_000  # a literal loop longer than this leaves its asserts uncounted
+_LEAVES_EARLY = (ast.Break, ast.Continue, ast.Return, ast.Yield, ast.YieldFrom, ast.Await)
+
+
+def _fixed_runs(loop: ast.For) -> int | None:
+    """How often `loop` runs its body when its text fixes it (a literal sequence, or `range` of
+    int literals, and nothing that leaves the body early); None otherwise."""
+    if any(isinstance(node, _LEAVES_EARLY) for node in ast.walk(loop)):
+        return None
+    source = loop.iter
+    runs = None
+    if (
+        isinstance(source, ast.Call)
+        and isinstance(source.func, ast.Name)
+        and source.func.id == "range"
+        and 1 <= len(source.args) <= 3
+        and not source.keywords
+    ):
+        bounds = [_literal(arg) for arg in source.args]
+        if all(ok and type(value) is int for ok, value in bounds):
+            try:
+                runs = len(range(*(value for _, value in bounds)))
+            except (ValueError, OverflowError):
+                return None
+    else:
+        ok, value = _literal(source)
+        if ok and isinstance(value, (list, tuple, str, bytes, set, frozenset, dict)):
+            runs = len(value)
+    return runs if runs is not None and runs <= _COUNTED_RUNS else None
 
 
 class RewrittenCheck:
@@ -180,26 +212,38 @@ class RewrittenCheck:
     def __init__(self, source: str) -> None:
         self.sites: list[Site] = []
         self._edits: list[tuple[ast.stmt, ast.expr]] = []
-        self._rewrite(ast.parse(source).body, required=True)
+        self._rewrite(ast.parse(source).body, times=1)
         self._source = self._splice(source) if self._edits else source
 
-    def _rewrite(self, body: list[ast.stmt], required: bool) -> None:
+    def _rewrite(self, body: list[ast.stmt], times: int) -> None:
+        """Lift the asserts of `body`, which runs `times` times when that is fixed (else 0).
+
+        The answer's process holds the reports until they are sent, so it can drop some: a site
+        whose number of runs is fixed by the check's text (straight-line code of `check`, and
+        loops over literal sequences or ranges) must report exactly that often. Sites under
+        conditions (if, while, try, with, other loops) may run any number of times.
+        """
         for stmt in body:
             if isinstance(stmt, ast.Assert):
-                lifted = _lift(stmt.test, stmt.lineno, required)
+                lifted = _lift(stmt.test, stmt.lineno, times)
                 if lifted is not None:
                     self._edits.append((stmt, lifted[0]))
                     self.sites.append(lifted[1])
                 continue
             if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                self._rewrite(stmt.body, required=stmt.name == "check")
+                self._rewrite(stmt.body, times=1 if stmt.name == "check" else 0)
+                continue
+            if isinstance(stmt, ast.For) and times:
+                runs = _fixed_runs(stmt)
+                self._rewrite(stmt.body, times * runs if runs is not None else 0)
+                self._rewrite(stmt.orelse, times if runs is not None else 0)
                 continue
             for field in ("body", "orelse", "finalbody"):
                 inner = getattr(stmt, field, None)
                 if isinstance(inner, list):
-                    self._rewrite(inner, required=False)
+                    self._rewrite(inner, times=0)
             for handler in getattr(stmt, "handlers", ()) or ():
-                self._rewrite(handler.body, required=False)
+                self._rewrite(handler.body, times=0)
 
     def _splice(self, source: str) -> str:
         data = source.encode("utf-8")  # AST columns count UTF-8 bytes
@@ -332,14 +376,19 @@ def judge_record(
     if check is None:
         row.update(verdict=harness.RUNTIME_ERROR, error="the check does not compile")
         return row
-    seen = {item[0] for item in record.get("reports", ()) if _is_report(item, len(check.sites))}
-    skipped = [s.line for i, s in enumerate(check.sites) if s.required and i not in seen]
-    if skipped:
-        row.update(
-            verdict=harness.WRONG_ANSWER,
-            error=f"the check ended without running the assert on line {skipped[0]}",
-        )
-        return row
+    runs = [0] * len(check.sites)
+    for item in record.get("reports", ()):
+        if _is_report(item, len(check.sites)):
+            runs[item[0]] += 1
+    for site, ran in zip(check.sites, runs):
+        if site.times and ran != site.times:
+            error = (
+                f"the check ended without running the assert on line {site.line}"
+                if ran == 0
+                else f"the assert on line {site.line} reported {ran} times, not {site.times}"
+            )
+            row.update(verdict=harness.WRONG_ANSWER, error=error)
+            return row
     row["verdict"] = harness.PASSED
     return row
 

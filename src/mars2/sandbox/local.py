@@ -124,8 +124,9 @@ class LocalSandbox(Sandbox):
     (`wall_factor`), per job a wall-clock limit; RLIMIT_AS / CPU / NPROC (processes + threads) /
     FSIZE, capped stdout and stderr, an allow-listed environment, and no network where the OS
     allows. As root also: a pid namespace per worker (everything a job starts dies with it), a
-    read-only filesystem, private capped /tmp and /dev/shm, a leased uid without capabilities,
-    no_new_privs and a seccomp filter. See README's security paragraph for what this does not
+    read-only filesystem, private capped /tmp and /dev/shm, an IPC namespace where no System V or
+    POSIX queue object can be made, a leased uid without capabilities, no_new_privs and a seccomp
+    filter. See README's security paragraph for what this does not
     guarantee. `wrapper="bwrap"` starts workers inside bubblewrap when it is installed.
     """
 
