@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import subprocess
 import sys
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -181,11 +182,14 @@ def test_scratch_removal_handles_trees_deeper_than_recursion_and_path_limits(tmp
             inner = os.open("d", os.O_RDONLY, dir_fd=fd)
             os.close(fd)
             fd = inner
-    finally:
         os.close(fd)
-    remove_tree(str(job), keep_top=True)
-    assert job.is_dir() and not any(job.iterdir())
-    assert outside.read_text() == "x"
+        remove_tree(str(job), keep_top=True)
+        assert job.is_dir() and not any(job.iterdir())
+        assert outside.read_text() == "x"
+    finally:
+        # Whatever is left (if remove_tree failed) would break pytest's own recursive cleanup
+        # of old temporary directories in later sessions: coreutils' rm has no depth limit.
+        subprocess.run(["rm", "-rf", "--one-file-system", str(job)], check=False)
 
 
 def test_a_job_leaving_a_very_deep_tree_keeps_its_verdict_and_the_worker(
