@@ -351,13 +351,8 @@ class Executor:
             if os.listdir(self.workdir):  # most jobs leave nothing: skip the walk
                 remove_tree(self.workdir, keep_top=True)
             os.chmod(self.workdir, 0o700)
-            if self.private_tmp:
-                for name in os.listdir("/dev/shm"):
-                    path = os.path.join("/dev/shm", name)
-                    if os.path.isdir(path) and not os.path.islink(path):
-                        remove_tree(path)
-                    else:
-                        os.unlink(path)
+            if self.private_tmp and os.listdir("/dev/shm"):
+                remove_tree("/dev/shm", keep_top=True)
             if not os.listdir(self.workdir):
                 return
         except OSError:
