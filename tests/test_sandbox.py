@@ -722,6 +722,114 @@ def test_jobs_cannot_make_ipc_objects_that_outlive_them() -> None:
     assert str(0x4D415253) not in _host_ipc_keys() - before
 
 
+KILLED_TRAINER = """
+import sys
+from mars2.sandbox.base import Job
+from mars2.sandbox.local import LocalSandbox
+box = LocalSandbox(num_workers=2, per_test_timeout=2.0, scratch_dir=sys.argv[1])
+(result,) = box.run_batch([Job("print(3)", "stdin", [{"input": "1 2", "output": "3"}])])
+print(result.tests[0].verdict.value, flush=True)
+sys.stdin.read()  # never returns: the test kills this process
+"""
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                if text.encode() in handle.read():
+                    found.append(int(entry))
+        except (OSError, ValueError):
+            pass
+    return found
+
+
+def test_a_killed_trainer_leaves_nothing_in_the_scratch_dir(tmp_path: Path) -> None:
+    """SIGKILL gives the pool no chance to clean up: the workers must leave nothing themselves."""
+    import time
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", KILLED_TRAINER, str(scratch)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert trainer.stdout is not None
+        assert trainer.stdout.readline().strip() == Verdict.PASSED.value
+        workers = [p for p in _processes_mentioning(str(scratch)) if p != trainer.pid]
+        assert workers, "the sandbox workers name their scratch dir on their command line"
+        trainer.kill()
+        trainer.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while _processes_mentioning(str(scratch)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _processes_mentioning(str(scratch)), "workers outlived their trainer"
+        assert sorted(os.listdir(scratch)) == []
+    finally:
+        trainer.kill()
+        trainer.wait()
+        if trainer.stdin is not None:
+            trainer.stdin.close()
+        if trainer.stdout is not None:
+            trainer.stdout.close()
+
+
+HIDE_ALL_BUT = """
+import json, os, sys
+from mars2.sandbox import isolation
+closed, keep, uid = sys.argv[1], sys.argv[2], int(sys.argv[3])
+isolation._check(isolation._libc().unshare(isolation.CLONE_NEWNS), "unshare")
+isolation._mount(None, "/", None, isolation.MS_REC | isolation.MS_PRIVATE, None)
+report = isolation.IsolationReport()
+isolation._expose_interpreter([keep], report)
+read, write = os.pipe()
+if os.fork() == 0:
+    os.setgid(uid)
+    os.setuid(uid)
+    seen = {"listing": sorted(os.listdir(closed)), "module": open(keep + "/mod.py").read()}
+    try:
+        seen["secret"] = open(closed + "/secret.txt").read()
+    except OSError as err:
+        seen["secret"] = err.errno
+    os.write(write, json.dumps(seen).encode())
+    os._exit(0)
+os.close(write)
+print(json.dumps({"hidden": report.hidden, **json.loads(os.read(read, 1 << 16))}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces need root")
+def test_interpreter_under_a_closed_directory_is_exposed_alone_and_nothing_is_staged() -> None:
+    """A pyenv under /root, say: only its own directory becomes visible to a job's uid, through
+    descriptors, so nothing is ever created on the host's filesystem to expose it."""
+    base = Path(make_private_dir("/tmp", "mars2-closed-"))
+    try:
+        base.chmod(0o755)
+        closed = base / "closed"
+        (closed / "lib").mkdir(parents=True)
+        closed.chmod(0o700)
+        (closed / "secret.txt").write_text("secret")
+        (closed / "lib" / "mod.py").write_text("X = 1\n")
+        (closed / "lib").chmod(0o755)
+        (closed / "lib" / "mod.py").chmod(0o644)
+        before = sorted(str(p) for p in base.rglob("*"))
+        shown = subprocess.run(
+            [sys.executable, "-c", HIDE_ALL_BUT, str(closed), str(closed / "lib"), "61999"],
+            capture_output=True, text=True, check=True, timeout=60,
+        )  # fmt: skip
+        seen = json.loads(shown.stdout)
+        assert seen["hidden"] == [str(closed)]
+        assert seen["listing"] == ["lib"] and seen["module"] == "X = 1\n"
+        assert seen["secret"] == 2  # ENOENT: gone, not merely unreadable
+        assert sorted(str(p) for p in base.rglob("*")) == before
+    finally:
+        subprocess.run(["rm", "-rf", "--one-file-system", str(base)], check=False)
+
+
 STALLS = {
     "closes its result pipe, blocks the timers and sleeps": """
 import os, signal, time

@@ -17,6 +17,8 @@ import sys
 import time
 from collections.abc import Iterable
 
+from mars2.sandbox.scratch import make_private_dir
+
 CLONE_NEWNS = 0x00020000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
@@ -101,7 +103,29 @@ def _closed_ancestor(path: str) -> str | None:
     return None
 
 
-def _expose_interpreter(needed: Iterable[str], staging: str, report: IsolationReport) -> None:
+def _bind_back(kept: list[tuple[str, int]]) -> None:
+    """Bind each directory, held by a descriptor opened before a mount hid it, back at its path."""
+    for path, fd in kept:
+        os.makedirs(path, 0o755, exist_ok=True)
+        _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
+
+
+def _hide_all_but(top: str, keep: list[str], options: str) -> None:
+    """Cover `top` with an empty tmpfs and bring back only the directories in `keep`.
+
+    The kept directories are held by descriptors, so nothing is staged on the host's filesystem:
+    a worker killed at any point leaves nothing behind.
+    """
+    kept = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in keep]
+    try:
+        _mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, options)
+        _bind_back(kept)
+    finally:
+        for _, fd in kept:
+            os.close(fd)
+
+
+def _expose_interpreter(needed: Iterable[str], report: IsolationReport) -> None:
     """Make what Python imports readable without CAP_DAC_READ_SEARCH.
 
     For a directory others cannot enter (e.g. /root, holding a pyenv), this worker's mount
@@ -113,43 +137,43 @@ def _expose_interpreter(needed: Iterable[str], staging: str, report: IsolationRe
         ancestor = _closed_ancestor(path)
         if ancestor is not None:
             closed.setdefault(ancestor, []).append(path)
-    for count, (ancestor, paths) in enumerate(sorted(closed.items())):
-        stages = []
-        for i, path in enumerate(paths):
-            stage = os.path.join(staging, f"keep-{count}-{i}")
-            os.mkdir(stage, 0o700)
-            _mount(path, stage, None, MS_BIND | MS_REC, None)
-            stages.append(stage)
-        _mount("tmpfs", ancestor, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
-        for path, stage in zip(paths, stages):
-            os.makedirs(path, 0o755, exist_ok=True)
-            _mount(stage, path, None, MS_BIND | MS_REC, None)
-            _libc().umount2(stage.encode(), MNT_DETACH)
+    for ancestor, paths in sorted(closed.items()):
+        _hide_all_but(ancestor, paths, "size=1m,mode=0755")
         report.hidden.append(ancestor)
 
 
+def _host_scratch(scratch_dir: str) -> str:
+    root = make_private_dir(scratch_dir, "mars2-sandbox-")
+    os.chmod(root, 0o711)  # job uids pass through to their own directories
+    return root
+
+
 def isolate_worker(
-    scratch_root: str,
+    scratch_dir: str,
     network: bool,
     readonly_root: bool,
     tmp_size_mb: int,
     report: IsolationReport,
     pid_namespace: bool = True,
-) -> str | None:
+) -> tuple[str, str | None]:
     """Move this (worker) process into new mount/net/pid/IPC namespaces; children inherit them.
 
-    Returns the private, size-capped tmpfs mounted on /tmp for job directories (None without).
+    Returns where job directories go and what the pool must remove once this worker is gone:
+    ("/tmp", None) on a private, size-capped tmpfs, which leaves nothing on the host whatever
+    happens to the worker; otherwise a fresh directory under `scratch_dir`, twice.
     """
     if os.geteuid() != 0:
         report.missing.append("namespaces (not root)")
-        return None
+        root = _host_scratch(scratch_dir)
+        return root, root
     libc = _libc()
     flags = (CLONE_NEWNET if not network else 0) | CLONE_NEWNS
     try:
         _check(libc.unshare(flags), "unshare")
     except OSError as err:
         report.missing.append(f"namespaces ({err})")
-        return None
+        root = _host_scratch(scratch_dir)
+        return root, root
     report.network_isolated = not network
     try:
         # The next child forked (the executor) is init of a pid namespace holding only jobs.
@@ -165,41 +189,41 @@ def isolate_worker(
         report.ipc_isolated = True
     except OSError as err:
         report.missing.append(f"IPC namespace ({err}): only seccomp keeps jobs off System V IPC")
-    tmp_root = None
+    job_root: str | None = None
+    host_dir: str | None = None
     needed = interpreter_paths()
     try:
         _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
-        _expose_interpreter(needed, scratch_root, report)
-        _mount(scratch_root, scratch_root, None, MS_BIND | MS_REC, None)
+        _expose_interpreter(needed, report)
         if any(p == "/dev/shm" or p.startswith("/dev/shm" + os.sep) for p in needed):
             raise OSError(0, "the interpreter lives under /dev/shm: no private tmpfs")
-        # An interpreter (or a checkout) under /tmp is bound back onto the private tmpfs, read
-        # through descriptors opened before the tmpfs hides the original paths.
+        # An interpreter (or a checkout) under /tmp is bound back onto the private tmpfs.
         under_tmp = [p for p in needed if p == "/tmp" or p.startswith("/tmp" + os.sep)]
         if "/tmp" in under_tmp:
             raise OSError(0, "the interpreter's path is /tmp itself: no private tmpfs")
-        kept = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in under_tmp]
         options = f"size={max(1, tmp_size_mb)}m"
-        try:
-            _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, options + ",mode=0755")
-            for path, fd in kept:
-                os.makedirs(path, 0o755, exist_ok=True)
-                _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
-        finally:
-            for _, fd in kept:
-                os.close(fd)
+        _hide_all_but("/tmp", under_tmp, options + ",mode=0755")
         _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, options + ",mode=1777")
-        tmp_root = "/tmp"
+        job_root = "/tmp"
         report.private_tmp = True
     except OSError as err:
         report.missing.append(f"private mounts ({err})")
+    if job_root is None:
+        job_root = host_dir = _host_scratch(scratch_dir)
+        try:
+            # Its own mount, so that it stays writable under the read-only root below.
+            _mount(job_root, job_root, None, MS_BIND | MS_REC, None)
+        except OSError as err:
+            if readonly_root:
+                report.missing.append(f"read-only root (jobs' directory not separable: {err})")
+            readonly_root = False
     if readonly_root:
         try:
             _mount(None, "/", None, MS_BIND | MS_REMOUNT | MS_RDONLY, None)
             report.readonly_root = True
         except OSError as err:
             report.missing.append(f"read-only root ({err})")
-    return tmp_root
+    return job_root, host_dir
 
 
 # System V IPC objects and POSIX message queues outlive the process that made them: a job could

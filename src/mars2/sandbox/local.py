@@ -109,8 +109,8 @@ class _WorkerHandle:
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
                 self.proc.wait()
-        # The scratch directory is a mount point in the worker's own namespace; once the worker
-        # is gone, the empty directory is left in ours.
+        # Set only where jobs could not get a private tmpfs: a mount point in the worker's own
+        # namespace, which the worker cannot remove, so the empty directory is left in ours.
         if self.scratch_root:
             shutil.rmtree(self.scratch_root, ignore_errors=True)
             self.scratch_root = None

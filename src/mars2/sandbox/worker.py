@@ -403,8 +403,6 @@ class Worker:
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
         self.report = IsolationReport()
-        self.scratch_root = make_private_dir(config["scratch_dir"], "mars2-sandbox-")
-        os.chmod(self.scratch_root, 0o711)
         uid = config.get("sandbox_uid")
         self.uid: int | None = uid if (uid is not None and os.geteuid() == 0) else None
         # Probed before the pid namespace exists: the first child forked after it becomes its init.
@@ -414,8 +412,8 @@ class Worker:
             dropper._fprog = None
             self.report.missing.append(f"seccomp filter ({failure}); no_new_privs only")
         self.report.seccomp = dropper._fprog is not None
-        tmp_root = isolate_worker(
-            self.scratch_root,
+        job_parent, self.scratch_root = isolate_worker(
+            config["scratch_dir"],
             config["allow_network"],
             config["readonly_root"],
             int(config.get("tmp_size_mb", 64)),
@@ -434,7 +432,6 @@ class Worker:
         # Fork the executor now, before any job (and so any expected output) is in memory.
         to_exec_r, self._to_exec = os.pipe()
         self._from_exec, from_exec_w = os.pipe()
-        job_parent = tmp_root or self.scratch_root
         pid = os.fork()
         if pid == 0:
             code = 0
@@ -465,7 +462,8 @@ class Worker:
             except OSError:
                 pass
         self._stop_executor(wait=2.0)
-        remove_tree(self.scratch_root)
+        if self.scratch_root is not None:
+            remove_tree(self.scratch_root)
 
     def _stop_executor(self, wait: float) -> None:
         deadline = time.monotonic() + wait
