@@ -830,6 +830,52 @@ def test_interpreter_under_a_closed_directory_is_exposed_alone_and_nothing_is_st
         subprocess.run(["rm", "-rf", "--one-file-system", str(base)], check=False)
 
 
+NO_PRIVATE_TMP = """
+import json, os, sys
+from mars2.sandbox import isolation
+real_mount = isolation._mount
+
+
+def refuse_tmp(source, target, fstype, flags, data):
+    if fstype == "tmpfs" and target == "/tmp":
+        raise OSError(1, "refused for the test")
+    return real_mount(source, target, fstype, flags, data)
+
+
+isolation._mount = refuse_tmp
+scratch = sys.argv[1]
+report = isolation.IsolationReport()
+job_root, host_dir = isolation.isolate_worker(scratch, False, True, 8, report, False)
+with open(os.path.join(job_root, "answer.txt"), "w") as handle:
+    handle.write("written by a job")
+try:
+    open(os.path.join(scratch, "beside.txt"), "w").close()
+    beside = 0
+except OSError as err:
+    beside = err.errno
+print(json.dumps({"job_root": job_root, "host_dir": host_dir, "beside": beside, **report.__dict__}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces need root")
+def test_without_a_private_tmpfs_jobs_use_a_host_dir_the_pool_is_told_to_remove(
+    tmp_path: Path,
+) -> None:
+    """The fallback where tmpfs cannot be mounted: a fresh directory under scratch_dir, kept
+    writable under the read-only root, and named to the pool, which removes it."""
+    shown = subprocess.run(
+        [sys.executable, "-c", NO_PRIVATE_TMP, str(tmp_path)],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    seen = json.loads(shown.stdout)
+    assert seen["job_root"] == seen["host_dir"]
+    assert Path(seen["job_root"]).parent == tmp_path
+    assert Path(seen["job_root"]).name.startswith("mars2-sandbox-")
+    assert not seen["private_tmp"] and any("private mounts" in m for m in seen["missing"])
+    assert seen["readonly_root"] and seen["beside"] == 30  # EROFS: only the job dir is writable
+    assert (Path(seen["host_dir"]) / "answer.txt").read_text() == "written by a job"
+
+
 STALLS = {
     "closes its result pipe, blocks the timers and sleeps": """
 import os, signal, time

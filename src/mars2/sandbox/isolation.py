@@ -32,7 +32,6 @@ MS_REMOUNT = 32
 MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
-MNT_DETACH = 2
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
@@ -191,9 +190,11 @@ def isolate_worker(
         report.missing.append(f"IPC namespace ({err}): only seccomp keeps jobs off System V IPC")
     job_root: str | None = None
     host_dir: str | None = None
+    private = False
     needed = interpreter_paths()
     try:
         _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+        private = True  # from here on, no mount of ours propagates to the host
         _expose_interpreter(needed, report)
         if any(p == "/dev/shm" or p.startswith("/dev/shm" + os.sep) for p in needed):
             raise OSError(0, "the interpreter lives under /dev/shm: no private tmpfs")
@@ -211,6 +212,8 @@ def isolate_worker(
     if job_root is None:
         job_root = host_dir = _host_scratch(scratch_dir)
         try:
+            if not private:
+                raise OSError(0, "mounts here would reach the host")
             # Its own mount, so that it stays writable under the read-only root below.
             _mount(job_root, job_root, None, MS_BIND | MS_REC, None)
         except OSError as err:
