@@ -271,6 +271,28 @@ def test_writing_outside_the_temp_dir_fails(
     ]
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the read-only root needs a mount namespace (root)")
+def test_the_interpreter_bound_back_into_the_namespace_is_read_only_too(
+    sandbox: LocalSandbox,
+) -> None:
+    """The interpreter's directories bound back over the private /tmp or a closed /root are
+    mounts of their own: the read-only root must cover them as well (EROFS, whatever the file
+    permissions would allow)."""
+    code = (
+        "import json, os, sys\n"
+        "for d in (sys.prefix, sys.base_prefix, os.path.dirname(json.__file__)):\n"
+        "    try:\n"
+        "        open(os.path.join(d, 'mars2-probe.txt'), 'w').close()\n"
+        "        print(d, 'written')\n"
+        "    except OSError as err:\n"
+        "        print(d, err.errno)\n"
+    )
+    (result,) = sandbox.run_batch([Job(code, "stdin", ADD[:1])])
+    shown = result.tests[0].actual.strip().splitlines()
+    assert len(shown) == 3 and all(line.rsplit(" ", 1)[1] == "30" for line in shown), shown
+    assert verdicts(sandbox, ADD_CODE) == [Verdict.PASSED, Verdict.PASSED]
+
+
 def test_isolation_report_is_honest(sandbox: LocalSandbox) -> None:
     report = sandbox.isolation
     if os.geteuid() == 0:

@@ -124,21 +124,24 @@ def _hide_all_but(top: str, keep: list[str], options: str) -> None:
             os.close(fd)
 
 
-def _expose_interpreter(needed: Iterable[str], report: IsolationReport) -> None:
+def _expose_interpreter(needed: Iterable[str], report: IsolationReport) -> list[str]:
     """Make what Python imports readable without CAP_DAC_READ_SEARCH.
 
     For a directory others cannot enter (e.g. /root, holding a pyenv), this worker's mount
     namespace gets an empty tmpfs over it with only the needed paths bound back: everything else
-    in it disappears for the jobs (and for this worker).
+    in it disappears for the jobs (and for this worker). Returns the paths bound back.
     """
     closed: dict[str, list[str]] = {}
     for path in needed:
         ancestor = _closed_ancestor(path)
         if ancestor is not None:
             closed.setdefault(ancestor, []).append(path)
+    bound: list[str] = []
     for ancestor, paths in sorted(closed.items()):
         _hide_all_but(ancestor, paths, "size=1m,mode=0755")
         report.hidden.append(ancestor)
+        bound += paths
+    return bound
 
 
 def _host_scratch(scratch_dir: str) -> str:
@@ -191,11 +194,12 @@ def isolate_worker(
     job_root: str | None = None
     host_dir: str | None = None
     private = False
+    bound: list[str] = []  # mounts of their own: the read-only root does not cover them
     needed = interpreter_paths()
     try:
         _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
         private = True  # from here on, no mount of ours propagates to the host
-        _expose_interpreter(needed, report)
+        bound += _expose_interpreter(needed, report)
         if any(p == "/dev/shm" or p.startswith("/dev/shm" + os.sep) for p in needed):
             raise OSError(0, "the interpreter lives under /dev/shm: no private tmpfs")
         # An interpreter (or a checkout) under /tmp is bound back onto the private tmpfs.
@@ -204,6 +208,7 @@ def isolate_worker(
             raise OSError(0, "the interpreter's path is /tmp itself: no private tmpfs")
         options = f"size={max(1, tmp_size_mb)}m"
         _hide_all_but("/tmp", under_tmp, options + ",mode=0755")
+        bound += under_tmp
         _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, options + ",mode=1777")
         job_root = "/tmp"
         report.private_tmp = True
@@ -223,6 +228,8 @@ def isolate_worker(
     if readonly_root:
         try:
             _mount(None, "/", None, MS_BIND | MS_REMOUNT | MS_RDONLY, None)
+            for path in bound:
+                _mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY, None)
             report.readonly_root = True
         except OSError as err:
             report.missing.append(f"read-only root ({err})")
