@@ -293,6 +293,48 @@ def test_the_interpreter_bound_back_into_the_namespace_is_read_only_too(
     assert verdicts(sandbox, ADD_CODE) == [Verdict.PASSED, Verdict.PASSED]
 
 
+OTHER_MOUNT = """
+import sys
+from mars2.sandbox import isolation
+from mars2.sandbox.base import Job
+from mars2.sandbox.local import LocalSandbox
+extra = sys.argv[1]
+# A world-writable filesystem of its own, as a separate /home or /var/tmp would be; mounted in
+# this process's own namespace, which the sandbox's workers inherit and the host never sees.
+isolation._check(isolation._libc().unshare(isolation.CLONE_NEWNS), "unshare")
+isolation._mount(None, "/", None, isolation.MS_REC | isolation.MS_PRIVATE, None)
+isolation._mount("tmpfs", extra, "tmpfs", 0, "size=1m,mode=1777")
+code = (
+    "import os\\n"
+    f"for d in ({extra!r}, '/dev/shm', '.'):\\n"
+    "    try:\\n"
+    "        open(os.path.join(d, 'probe.txt'), 'w').close()\\n"
+    "        print(d, 'written')\\n"
+    "    except OSError as err:\\n"
+    "        print(d, err.errno)\\n"
+)
+with LocalSandbox(num_workers=1, per_test_timeout=2.0) as box:
+    (result,) = box.run_batch([Job(code, "stdin", [{"input": "", "output": "x"}])])
+    print(result.tests[0].actual.strip())
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces need root")
+def test_other_filesystems_mounted_on_the_host_are_read_only_too() -> None:
+    """The root's read-only remount does not reach filesystems mounted below it."""
+    extra = Path(make_private_dir("/var/tmp", "mars2-mount-"))
+    try:
+        shown = subprocess.run(
+            [sys.executable, "-c", OTHER_MOUNT, str(extra)],
+            capture_output=True, text=True, check=True, timeout=120,
+        )  # fmt: skip
+        lines = dict(line.rsplit(" ", 1) for line in shown.stdout.strip().splitlines())
+        assert lines == {str(extra): "30", "/dev/shm": "written", ".": "written"}, lines
+        assert not any(extra.iterdir())  # the mount was the test process's alone
+    finally:
+        extra.rmdir()
+
+
 def test_isolation_report_is_honest(sandbox: LocalSandbox) -> None:
     report = sandbox.isolation
     if os.geteuid() == 0:
@@ -1012,6 +1054,14 @@ def test_jobs_cannot_make_namespaces(sandbox: LocalSandbox) -> None:
         "print(fields['NoNewPrivs'].strip(), fields['Seccomp'].strip())\n"
     )
     assert verdicts(sandbox, status, [{"input": "", "output": "1 2"}]) == [Verdict.PASSED]
+    # The new mount API is refused by the filter itself: EPERM, before the kernel would have
+    # answered EINVAL for the zero-sized argument.
+    mount_api = (
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "r = libc.syscall(ctypes.c_long(442), ctypes.c_long(-100), b'/', 0, None, ctypes.c_long(0))\n"
+        "print(r, ctypes.get_errno())\n"
+    )
+    assert verdicts(sandbox, mount_api, [{"input": "", "output": "-1 1"}]) == [Verdict.PASSED]
     assert verdicts(sandbox, ADD_CODE) == [Verdict.PASSED, Verdict.PASSED]
 
 

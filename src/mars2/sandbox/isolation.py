@@ -35,6 +35,11 @@ MS_PRIVATE = 1 << 18
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
+# The new mount API (Linux 5.2+): its calls have the same numbers on every architecture.
+_MOUNT_API = dict(
+    open_tree=428, move_mount=429, fsopen=430, fsconfig=431, fsmount=432, fspick=433,
+    mount_setattr=442, open_tree_attr=467,
+)  # fmt: skip
 
 
 class IsolationReport:
@@ -227,13 +232,55 @@ def isolate_worker(
             readonly_root = False
     if readonly_root:
         try:
-            _mount(None, "/", None, MS_BIND | MS_REMOUNT | MS_RDONLY, None)
-            for path in bound:
-                _mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY, None)
+            _make_read_only(bound, job_root)
             report.readonly_root = True
         except OSError as err:
             report.missing.append(f"read-only root ({err})")
     return job_root, host_dir
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in ("set", "clear", "propagation", "userns_fd")]
+
+
+_MOUNT_SETATTR = _MOUNT_API["mount_setattr"]
+_AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = -100, 0x8000, 0x1
+
+
+def _mount_setattr(path: str, recursive: bool, read_only: bool) -> None:
+    attr = _MountAttr(
+        _MOUNT_ATTR_RDONLY if read_only else 0, 0 if read_only else _MOUNT_ATTR_RDONLY
+    )
+    flags = _AT_RECURSIVE if recursive else 0
+    # As longs: syscall(2) reads every argument as one, and -100 must arrive sign-extended.
+    number, dirfd, size = (
+        ctypes.c_long(v) for v in (_MOUNT_SETATTR, _AT_FDCWD, ctypes.sizeof(attr))
+    )
+    result = _libc().syscall(
+        number, dirfd, path.encode(), ctypes.c_long(flags), ctypes.byref(attr), size
+    )
+    _check(result, f"mount_setattr {path}")
+
+
+def _make_read_only(bound: list[str], job_root: str) -> None:
+    """Every mount in this namespace read-only but the jobs' directory (a mount) and /dev/shm.
+
+    Other filesystems mounted on the host (a /home or /var/tmp of their own, say) are mounts
+    the root's remount does not reach: mount_setattr (Linux 5.12) covers them all at once.
+    Older kernels get the root and the interpreter's directories bound back, one by one.
+    """
+    try:
+        _mount_setattr("/", recursive=True, read_only=True)
+    except OSError:
+        _mount(None, "/", None, MS_BIND | MS_REMOUNT | MS_RDONLY, None)
+        for path in bound:
+            _mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY, None)
+        return
+    _mount_setattr(job_root, recursive=False, read_only=False)
+    try:
+        _mount_setattr("/dev/shm", recursive=False, read_only=False)
+    except OSError:
+        pass  # not a mount of its own (EINVAL): it stays part of the read-only /dev
 
 
 # System V IPC objects and POSIX message queues outlive the process that made them: a job could
@@ -257,14 +304,14 @@ def _forbid_ipc_objects() -> None:
 
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 # unshare, setns, clone, clone3, mount, umount2, pivot_root, chroot, bpf, userfaultfd,
-# perf_event_open, the keyring calls, System V IPC and POSIX message queues
+# perf_event_open, the keyring calls, System V IPC, POSIX message queues and the new mount API
 _SYSCALLS = {
     "x86_64": dict(
         unshare=272, setns=308, clone=56, clone3=435, mount=165, umount2=166, pivot_root=155,
         chroot=161, bpf=321, userfaultfd=323, perf_event_open=298, keyctl=250, add_key=248,
         request_key=249, shmget=29, shmat=30, shmctl=31, shmdt=67, semget=64, semop=65, semctl=66,
         semtimedop=220, msgget=68, msgsnd=69, msgrcv=70, msgctl=71, mq_open=240, mq_unlink=241,
-        mq_timedsend=242, mq_timedreceive=243, mq_notify=244, mq_getsetattr=245,
+        mq_timedsend=242, mq_timedreceive=243, mq_notify=244, mq_getsetattr=245, **_MOUNT_API,
     ),
     "aarch64": dict(
         unshare=97, setns=268, clone=220, clone3=435, mount=40, umount2=39, pivot_root=41,
@@ -272,6 +319,7 @@ _SYSCALLS = {
         request_key=218, shmget=194, shmat=196, shmctl=195, shmdt=197, semget=190, semop=193,
         semctl=191, semtimedop=192, msgget=186, msgsnd=189, msgrcv=188, msgctl=187, mq_open=180,
         mq_unlink=181, mq_timedsend=182, mq_timedreceive=183, mq_notify=184, mq_getsetattr=185,
+        **_MOUNT_API,
     ),
 }  # fmt: skip
 _RET_ALLOW = 0x7FFF0000
@@ -285,7 +333,8 @@ class _SockFprog(ctypes.Structure):
 
 def seccomp_program() -> bytes | None:
     """A BPF filter refusing new namespaces (unshare, setns, clone with CLONE_NEW*), a few kernel
-    attack surfaces and the IPC objects that outlive a job (System V IPC, POSIX message queues);
+    attack surfaces (the new mount API among them) and the IPC objects that outlive a job
+    (System V IPC, POSIX message queues);
     clone3 answers ENOSYS so that libc falls back to clone, whose flags the filter can read.
     None on architectures it does not know."""
     machine = platform.machine()
