@@ -271,6 +271,19 @@ def test_writing_outside_the_temp_dir_fails(
     ]
 
 
+def _try_writing_in(directories: str) -> str:
+    """A job printing, for each directory (a Python expression), "DIR written" or "DIR ERRNO"."""
+    return (
+        "import json, os, sys\n"
+        f"for d in ({directories},):\n"
+        "    try:\n"
+        "        open(os.path.join(d, 'mars2-probe.txt'), 'w').close()\n"
+        "        print(d, 'written')\n"
+        "    except OSError as err:\n"
+        "        print(d, err.errno)\n"
+    )
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="the read-only root needs a mount namespace (root)")
 def test_the_interpreter_bound_back_into_the_namespace_is_read_only_too(
     sandbox: LocalSandbox,
@@ -278,15 +291,7 @@ def test_the_interpreter_bound_back_into_the_namespace_is_read_only_too(
     """The interpreter's directories bound back over the private /tmp or a closed /root are
     mounts of their own: the read-only root must cover them as well (EROFS, whatever the file
     permissions would allow)."""
-    code = (
-        "import json, os, sys\n"
-        "for d in (sys.prefix, sys.base_prefix, os.path.dirname(json.__file__)):\n"
-        "    try:\n"
-        "        open(os.path.join(d, 'mars2-probe.txt'), 'w').close()\n"
-        "        print(d, 'written')\n"
-        "    except OSError as err:\n"
-        "        print(d, err.errno)\n"
-    )
+    code = _try_writing_in("sys.prefix, sys.base_prefix, os.path.dirname(json.__file__)")
     (result,) = sandbox.run_batch([Job(code, "stdin", ADD[:1])])
     shown = result.tests[0].actual.strip().splitlines()
     assert len(shown) == 3 and all(line.rsplit(" ", 1)[1] == "30" for line in shown), shown
@@ -298,21 +303,12 @@ import sys
 from mars2.sandbox import isolation
 from mars2.sandbox.base import Job
 from mars2.sandbox.local import LocalSandbox
-extra = sys.argv[1]
+extra, code = sys.argv[1], sys.argv[2]
 # A world-writable filesystem of its own, as a separate /home or /var/tmp would be; mounted in
 # this process's own namespace, which the sandbox's workers inherit and the host never sees.
 isolation._check(isolation._libc().unshare(isolation.CLONE_NEWNS), "unshare")
 isolation._mount(None, "/", None, isolation.MS_REC | isolation.MS_PRIVATE, None)
 isolation._mount("tmpfs", extra, "tmpfs", 0, "size=1m,mode=1777")
-code = (
-    "import os\\n"
-    f"for d in ({extra!r}, '/dev/shm', '.'):\\n"
-    "    try:\\n"
-    "        open(os.path.join(d, 'probe.txt'), 'w').close()\\n"
-    "        print(d, 'written')\\n"
-    "    except OSError as err:\\n"
-    "        print(d, err.errno)\\n"
-)
 with LocalSandbox(num_workers=1, per_test_timeout=2.0) as box:
     (result,) = box.run_batch([Job(code, "stdin", [{"input": "", "output": "x"}])])
     print(result.tests[0].actual.strip())
@@ -325,7 +321,8 @@ def test_other_filesystems_mounted_on_the_host_are_read_only_too() -> None:
     extra = Path(make_private_dir("/var/tmp", "mars2-mount-"))
     try:
         shown = subprocess.run(
-            [sys.executable, "-c", OTHER_MOUNT, str(extra)],
+            [sys.executable, "-c", OTHER_MOUNT, str(extra),
+             _try_writing_in(f"{str(extra)!r}, '/dev/shm', '.'")],
             capture_output=True, text=True, check=True, timeout=120,
         )  # fmt: skip
         lines = dict(line.rsplit(" ", 1) for line in shown.stdout.strip().splitlines())

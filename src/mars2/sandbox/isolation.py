@@ -107,13 +107,6 @@ def _closed_ancestor(path: str) -> str | None:
     return None
 
 
-def _bind_back(kept: list[tuple[str, int]]) -> None:
-    """Bind each directory, held by a descriptor opened before a mount hid it, back at its path."""
-    for path, fd in kept:
-        os.makedirs(path, 0o755, exist_ok=True)
-        _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
-
-
 def _hide_all_but(top: str, keep: list[str], options: str) -> None:
     """Cover `top` with an empty tmpfs and bring back only the directories in `keep`.
 
@@ -123,7 +116,9 @@ def _hide_all_but(top: str, keep: list[str], options: str) -> None:
     kept = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in keep]
     try:
         _mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, options)
-        _bind_back(kept)
+        for path, fd in kept:
+            os.makedirs(path, 0o755, exist_ok=True)
+            _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
     finally:
         for _, fd in kept:
             os.close(fd)
