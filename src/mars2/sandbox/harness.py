@@ -59,7 +59,16 @@ BUSY_SHARE = 0.2
 # CPU-time limit, not the machine's load, should end a busy test.
 WALL_EXTENSIONS = 3
 _SIGPROF, _SIGALRM = int(signal.SIGPROF), int(signal.SIGALRM)
+_SIGVTALRM = int(signal.SIGVTALRM)
 REPORT_NAME = "__mars2_report__"  # how rewritten humaneval checks hand values to the judge
+
+# Progress frames: while a long test runs, what it has done so far goes out every
+# PROGRESS_EVERY seconds of its CPU time, so that the judge can stop it as soon as the verdict is
+# known (a humaneval assert that failed, a wrong answer under early stop). A frame is a record
+# line's JSON ended by PROGRESS_END instead of a newline; it fits one atomic pipe write.
+PROGRESS_END = b"\x00"
+PROGRESS_EVERY = 0.01
+PROGRESS_CAP = 4000  # bytes per frame, under PIPE_BUF
 
 
 class _CpuTimeout(BaseException):
@@ -341,6 +350,43 @@ class _Run:
         self.clean_builtins = clean_builtins
         self.namespace: dict[str, Any] | None = None
         self.function: Callable[..., Any] | None = None
+        self.send_progress: Callable[[bytes], None] | None = None
+        self.index = 0
+        self.reports: list[Any] = []
+        self.sent = 0  # reports of the current test already sent in progress frames
+        self.live = False  # a progress frame may be sent now (never while a record is written)
+        self.muted = False  # this test sends no more frames
+        self.announced = False
+
+    def on_progress_tick(self, signum: int, frame: Any) -> None:
+        """Send the current test's new humaneval reports (or just a sign of life) as one frame."""
+        if not self.live or self.muted or self.send_progress is None:
+            return
+        self.live = False  # a frame is never sent from inside another one
+        try:
+            parts, size = [], 40
+            for item in self.reports[self.sent :]:
+                text = _json_value(item)
+                if len(text) > PROGRESS_CAP - 40:
+                    # Judged from the test's record at the end, as is every report after it: the
+                    # first failing assert is the one a verdict names.
+                    self.muted = True
+                    break
+                if size + len(text) + 2 > PROGRESS_CAP:
+                    break  # the rest goes in the next frame
+                size += len(text) + 2
+                parts.append(text)
+            head = '{"index": ' + str(self.index) + ', "reports": ['
+            if parts or not self.announced:  # the first frame tells the executor to stream
+                self.send_progress((head + ", ".join(parts) + "]}").encode() + PROGRESS_END)
+                self.announced = True
+            self.sent += len(parts)
+        except (RecursionError, MemoryError):
+            # Out of stack or memory where the tick landed: the answer's own limits, not ours
+            # to raise into its code. The test's record still holds every report.
+            self.muted = True
+        finally:
+            self.live = True
 
     def _module(self) -> dict[str, Any]:
         """The answer's module namespace, run once per child for call and humaneval tests."""
@@ -381,6 +427,7 @@ class _Run:
             check = compile(text, "<check>", "exec", dont_inherit=True)
         reports: list[Any] = []
         result["reports"] = reports
+        self.reports, self.sent = reports, 0
 
         def report(site: int, value: Any) -> None:
             reports.append([site, encode_value(value)])
@@ -412,6 +459,7 @@ def run_tests(
     clean_builtins: dict[str, Any] | None = None,
     fresh: bool = False,
     stop_on_error: bool = False,
+    send_progress: Callable[[bytes], None] | None = None,
 ) -> None:
     """Run the tests with `inputs[start:]` against `code`, emitting one raw record per test.
 
@@ -425,6 +473,8 @@ def run_tests(
     humaneval check sources already compiled (None where not). `fresh`: this process was just
     forked for the job (its CPU-wait counter starts at zero). `stop_on_error`: stop after the
     first test that did not end normally (early stop; a wrong output is only known to the judge).
+    `send_progress`, where given, writes progress frames (see PROGRESS_END) while a humaneval test,
+    or any test under early stop, runs: the judge may stop the process once it has a verdict.
     """
     real_stdout, real_stderr, real_stdin = sys.stdout, sys.stderr, sys.stdin
     real_exit = os._exit
@@ -448,6 +498,10 @@ def run_tests(
     net = None if wall_limit is None else _WallNet(wall_limit, 0.0 if fresh else run_delay())
     if net is not None:
         _set_handler(_SIGALRM, net.on_alarm)
+    ticking = send_progress is not None and (kind == "humaneval" or stop_on_error)
+    if ticking:
+        run.send_progress = send_progress
+        _set_handler(_SIGVTALRM, run.on_progress_tick)
     os._exit = _fake_exit  # type: ignore[assignment]
     try:
         for index in range(start, len(inputs)):
@@ -459,6 +513,10 @@ def run_tests(
                 signal.setitimer(signal.ITIMER_PROF, cpu_limit)
                 if net is not None:
                     net.arm(began, cpu_began)
+                if ticking:
+                    run.index, run.reports, run.sent, run.muted = index, [], 0, False
+                    run.live = True
+                    signal.setitimer(signal.ITIMER_VIRTUAL, PROGRESS_EVERY, PROGRESS_EVERY)
                 try:
                     if kind == "stdin":
                         run.stdin_test(inputs[index], out, result)
@@ -467,6 +525,9 @@ def run_tests(
                     else:
                         run.humaneval_test(index, inputs[index], result)
                 finally:
+                    run.live = False  # from here on this test's record may be written
+                    if ticking:
+                        signal.setitimer(signal.ITIMER_VIRTUAL, 0)
                     signal.setitimer(signal.ITIMER_REAL, 0)
                     signal.setitimer(signal.ITIMER_PROF, 0)
                     sys.stdout, sys.stderr = real_stdout, real_stderr

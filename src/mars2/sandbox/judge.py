@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -315,6 +316,111 @@ def parse_records(blob: bytes, start: int, count: int) -> tuple[list[dict[str, A
             return records, True, True
         records.append(item)
     return records, False, lines[-1] == b""
+
+
+# A progress frame: what a child sent since its last newline or frame, ended by PROGRESS_END.
+_PROGRESS_FRAME = re.compile(rb"[^\n\x00]*\x00")
+_TOKEN = re.compile(rb"([^\n\x00]*)([\n\x00])")
+
+
+def strip_progress(blob: bytes) -> bytes:
+    """A child's output with its progress frames taken out: the record lines alone."""
+    return _PROGRESS_FRAME.sub(b"", blob) if harness.PROGRESS_END in blob else blob
+
+
+class Watch:
+    """Reads a child's output while it runs and says when the verdict needs no more of it.
+
+    A humaneval test fails at its first report that does not hold, as the check itself would
+    have stopped at that assert; under early stop, the first test judged anything but passed
+    ends the job. The child's word can only end its own run sooner: every verdict is still
+    judged from the complete records afterwards, except that of a test stopped halfway, which
+    is `failed_row`.
+    """
+
+    def __init__(
+        self,
+        start: int,
+        tests: Sequence[dict[str, str]],
+        kind: str,
+        profile: str,
+        cpu_limit: float,
+        checks: Sequence[RewrittenCheck | None],
+        early_stop: bool,
+    ) -> None:
+        self.next_index = start  # the test the child is on
+        self.tests, self.kind, self.profile, self.cpu_limit = tests, kind, profile, cpu_limit
+        self.checks, self.early_stop = checks, early_stop
+        self.failed_row: dict[str, Any] | None = None
+        self.stop = False
+        self._buffer = bytearray()
+        self._junk = False
+        # A child sends a frame per PROGRESS_EVERY of its CPU time: one that sends many more, or
+        # larger or malformed ones, is flooding the channel and the watch stops reading (the
+        # whole output is judged afterwards), so the child cannot make the worker work for it.
+        self._frames_per_test = int(2 * cpu_limit / harness.PROGRESS_EVERY) + 8
+        self._frames_left = self._frames_per_test
+
+    def feed(self, data: bytes) -> bool:
+        """Take the next bytes the child sent; True once it may be stopped."""
+        if self.stop or self._junk:
+            return self.stop
+        self._buffer += data
+        end = 0
+        for match in _TOKEN.finditer(self._buffer):
+            end = match.end()
+            if match.group(2) == b"\n":
+                self._record(bytes(match.group(1)))
+            else:
+                self._frame(bytes(match.group(1)))
+            if self.stop or self._junk:
+                break
+        del self._buffer[:end]
+        return self.stop
+
+    def _record(self, line: bytes) -> None:
+        index = self.next_index
+        self.next_index += 1
+        self._frames_left = self._frames_per_test
+        if not self.early_stop or index >= len(self.tests):
+            return
+        record = _loads(line)
+        if record is None or record.get("index") != index or type(record.get("status")) is not str:
+            self._junk = True  # judged as such from the whole output afterwards
+            return
+        if record["status"] != harness.OK:
+            return  # the child stops after such a test itself
+        check = self.checks[index] if self.checks else None
+        row = judge_record(
+            record, self.tests[index]["output"], self.kind, self.profile, self.cpu_limit, check
+        )
+        self.stop = row["verdict"] != harness.PASSED
+
+    def _frame(self, text: bytes) -> None:
+        self._frames_left -= 1
+        frame = _loads(text) if len(text) <= harness.PROGRESS_CAP else None
+        if frame is None or self._frames_left < 0:
+            self._junk = True
+            return
+        if self.kind != "humaneval" or self.next_index >= len(self.checks):
+            return
+        check = self.checks[self.next_index]
+        if frame.get("index") != self.next_index or check is None:
+            return
+        wrong = _humaneval_mismatch({"reports": frame.get("reports")}, check)
+        if wrong is not None:
+            self.failed_row = {
+                "index": self.next_index, "verdict": harness.WRONG_ANSWER, "error": wrong
+            }  # fmt: skip
+            self.stop = True
+
+
+def _loads(text: bytes) -> dict[str, Any] | None:
+    try:
+        item = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return item if type(item) is dict else None
 
 
 def _number(record: dict[str, Any], key: str) -> float:

@@ -10,7 +10,8 @@ splits in two at start, before it has read any job:
   capabilities. The child runs the answer on every
   test (see `harness`) and streams one raw record per test back through a pipe; the executor
   enforces the wall-clock deadlines, kills and reaps everything the job started, empties its
-  scratch space and sends the raw bytes on;
+  scratch space and sends the raw bytes on (as they come, once the child sends progress frames,
+  and it stops the child when the worker says its verdict is known);
 - the **worker** (this process) keeps the expected outputs, validates the records and decides
   the verdicts (`judge`), restarting the executor's child from the first test not yet judged when
   one dies or hangs. No answer can reach it: it runs as root in another process, outside the
@@ -28,6 +29,7 @@ import signal
 import struct
 import sys
 import time
+from collections.abc import Callable
 from types import CodeType
 from typing import TYPE_CHECKING, Any
 
@@ -131,6 +133,7 @@ class Executor:
         self._solution: CodeType | None = None
         self._tests_code: list[CodeType | None] | None = None
         self._tasks, self._tasks_counted_at = 0, -_TASK_COUNT_TTL - 1.0
+        self._from_worker, self._to_worker = -1, -1
         # The builtins as they are before any answer ran: humaneval checks run with these.
         self._clean_builtins = dict(vars(builtins))
         # no_new_privs, the seccomp filter and the shared limits are set here once and inherited
@@ -198,11 +201,14 @@ class Executor:
                 sys.set_int_max_str_digits(digits)
 
     def serve(self, rfd: int, wfd: int) -> None:
+        self._from_worker, self._to_worker = rfd, wfd
         while True:
             message = _recv(rfd)
             if message is None:
                 return  # the worker is gone; as init, our exit takes every job with us
             header, _ = message
+            if header.get("stop"):
+                continue  # meant for a child that had already finished
             reply, blob = self._run(header)
             _send(wfd, reply, blob)
 
@@ -266,6 +272,12 @@ class Executor:
                 def emit(result: dict[str, Any]) -> None:
                     _write_all(write_fd, (harness.encode_result(result) + "\n").encode())
 
+                def send_progress(frame: bytes) -> None:
+                    try:
+                        os.write(write_fd, frame)
+                    except OSError:
+                        pass  # progress only lets the judge stop a failing test sooner
+
                 harness.run_tests(
                     job["code"], job["kind"], job["inputs"], emit,
                     fn_name=job.get("fn_name"), start=start, cpu_limit=cpu_limit,
@@ -273,6 +285,7 @@ class Executor:
                     profile=job["profile"], scratch=self.workdir, solution=self._solution,
                     test_code=self._tests_code, clean_builtins=self._clean_builtins,
                     fresh=True, stop_on_error=bool(job.get("early_stop")),
+                    send_progress=send_progress,
                 )  # fmt: skip
             except BaseException:
                 pass
@@ -289,18 +302,36 @@ class Executor:
         max_line = 8 * int(job["output_limit"]) + (64 << 10)
         outcome = "eof"
         last_line_at = began
+        # Once the child sends a progress frame (it has run a while), every byte it sends is
+        # passed on to the worker at once, and the worker may answer "stop": it has the verdict.
+        watched, streaming = [read_fd], False
         try:
             while True:
                 now = time.monotonic()
                 # The child enforces both limits itself; this net catches what blocks its signals.
                 backstop = wall_limit * (harness.WALL_EXTENSIONS + 1) + self.config["grace"]
                 wait = min(last_line_at + backstop, deadline) - now
-                if wait <= 0 or not select.select([read_fd], [], [], wait)[0]:
+                ready = select.select(watched, [], [], wait)[0] if wait > 0 else []
+                if not ready:
                     outcome = "deadline" if time.monotonic() >= deadline else "hung"
                     break
+                if self._from_worker in ready:
+                    message = _recv(self._from_worker, time.monotonic() + 1.0)
+                    if message is None or message[0].get("stop"):
+                        outcome = "stopped"
+                        break
+                if read_fd not in ready:
+                    continue
                 chunk = os.read(read_fd, 1 << 16)
                 if not chunk:
                     break  # EOF: the child exited, crashed or closed the channel
+                if streaming or harness.PROGRESS_END in chunk:
+                    _send(
+                        self._to_worker,
+                        {"progress": True},
+                        chunk if streaming else bytes(received + chunk),
+                    )
+                    watched, streaming = [read_fd, self._from_worker], True
                 if b"\n" in chunk:
                     last_line_at = time.monotonic()
                 received += chunk
@@ -550,7 +581,11 @@ class Worker:
             }  # fmt: skip
             if first:
                 request["job"], first = spec, False
-            reply = self._ask_executor(request, remaining + _KILL_MARGIN + 1.0)
+            watch = judge.Watch(
+                start, tests, job["kind"], profile.name, cpu_limit, checks,
+                bool(job.get("early_stop")),
+            )  # fmt: skip
+            reply = self._ask_executor(request, remaining + _KILL_MARGIN + 1.0, watch.feed)
             segments += 1
             if reply is None:
                 self._fill(rows, start, harness.TIMEOUT, "the sandbox stopped answering")
@@ -560,7 +595,7 @@ class Worker:
                 error = harness._clip(str(header["compile_error"]))
                 self._fill(rows, start, harness.COMPILE_ERROR, error)
                 break
-            records, junk, _ = judge.parse_records(blob, start, count)
+            records, junk, _ = judge.parse_records(judge.strip_progress(blob), start, count)
             for record in records:
                 index = record["index"]
                 check = checks[index] if checks else None
@@ -568,6 +603,13 @@ class Worker:
                     record, tests[index]["output"], job["kind"], profile.name, cpu_limit, check
                 )
             start += len(records)
+            halfway = watch.failed_row
+            if header.get("outcome") == "stopped" and halfway and halfway["index"] == start:
+                rows[start] = halfway  # stopped at the assert that failed
+                start += 1
+                if job.get("early_stop"):
+                    break  # the rest are skipped below
+                continue  # the rest run in a fresh child
             tripped = bool(records) and records[-1]["status"] == harness.WALL
             last = rows[start - 1] if records else None
             if tripped and last is not None and last["verdict"] == harness.OVERLOADED and retries:
@@ -649,12 +691,25 @@ class Worker:
         )
 
     def _ask_executor(
-        self, request: dict[str, Any], timeout: float
+        self,
+        request: dict[str, Any],
+        timeout: float,
+        on_progress: Callable[[bytes], bool] | None = None,
     ) -> tuple[dict[str, Any], bytes] | None:
-        """Send one request; None (and the executor killed) if it does not answer in time."""
+        """Send one request and wait for its reply, passing the child's output on to
+        `on_progress` as it streams in (the child is stopped once that returns True); None (and
+        the executor killed) if no reply comes in time."""
+        deadline = time.monotonic() + timeout
+        stop_sent = False
         try:
             _send(self._to_exec, request)
-            reply = _recv(self._from_exec, time.monotonic() + timeout)
+            while True:
+                reply = _recv(self._from_exec, deadline)
+                if reply is None or not reply[0].get("progress"):
+                    break
+                if on_progress is not None and on_progress(reply[1]) and not stop_sent:
+                    _send(self._to_exec, {"stop": True})
+                    stop_sent = True
         except OSError:
             reply = None
         if reply is None:
