@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -808,8 +809,6 @@ def _processes_mentioning(text: str) -> list[int]:
 
 def test_a_killed_trainer_leaves_nothing_in_the_scratch_dir(tmp_path: Path) -> None:
     """SIGKILL gives the pool no chance to clean up: the workers must leave nothing themselves."""
-    import time
-
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     trainer = subprocess.Popen(
@@ -968,8 +967,6 @@ os.kill(os.getpid(), signal.SIGSTOP)
 @pytest.mark.parametrize("name", list(STALLS))
 def test_stalled_jobs_cost_at_most_their_timeout(name: str, pid_namespace: bool) -> None:
     # Without a pid namespace the executor (root, another uid) reaps the job's uid by itself.
-    import time
-
     if os.geteuid() != 0 and (name.startswith("stops") or not pid_namespace):
         pytest.skip("without root the job shares the test's uid and could stop the test itself")
 
@@ -1154,8 +1151,6 @@ TWO_ASSERTS = {
 
 
 def test_a_humaneval_check_stops_at_its_first_failing_assert() -> None:
-    import time
-
     passing = {"input": "def check(candidate):\n    assert candidate(3) is None\n", "output": ""}
     with LocalSandbox(num_workers=1, per_test_timeout=20.0, job_timeout=60.0) as box:
         began = time.monotonic()
@@ -1186,8 +1181,6 @@ def test_a_humaneval_check_stops_at_its_first_failing_assert() -> None:
 
 
 def test_under_early_stop_a_wrong_answer_stops_the_child() -> None:
-    import time
-
     tests = [
         {"input": "1", "output": "2"},
         {"input": "2", "output": "3"},

@@ -302,20 +302,19 @@ def parse_records(blob: bytes, start: int, count: int) -> tuple[list[dict[str, A
     for line in lines[:-1]:
         if start + len(records) >= count:
             break
-        try:
-            item = json.loads(line)
-            valid = (
-                type(item) is dict
-                and type(item.get("index")) is int
-                and item["index"] == start + len(records)
-                and type(item.get("status")) is str
-            )
-        except (ValueError, RecursionError):
-            valid = False
-        if not valid:
+        item = _record_of(line, start + len(records))
+        if item is None:
             return records, True, True
         records.append(item)
     return records, False, lines[-1] == b""
+
+
+def _record_of(line: bytes, index: int) -> dict[str, Any] | None:
+    """The record in `line` if it is one, and of test `index`; None for anything else."""
+    item = _loads(line)
+    if item is None or type(item.get("index")) is not int or item["index"] != index:
+        return None
+    return item if type(item.get("status")) is str else None
 
 
 # A progress frame: what a child sent since its last newline or frame, ended by PROGRESS_END.
@@ -384,8 +383,8 @@ class Watch:
         self._frames_left = self._frames_per_test
         if not self.early_stop or index >= len(self.tests):
             return
-        record = _loads(line)
-        if record is None or record.get("index") != index or type(record.get("status")) is not str:
+        record = _record_of(line, index)
+        if record is None:
             self._junk = True  # judged as such from the whole output afterwards
             return
         if record["status"] != harness.OK:
