@@ -69,6 +69,7 @@ REPORT_NAME = "__mars2_report__"  # how rewritten humaneval checks hand values t
 PROGRESS_END = b"\x00"
 PROGRESS_EVERY = 0.01
 PROGRESS_CAP = 4000  # bytes per frame, under PIPE_BUF
+_FRAME_OVERHEAD = 40  # bytes of a frame that are not reports: its head, brackets and end
 
 
 class _CpuTimeout(BaseException):
@@ -364,10 +365,10 @@ class _Run:
             return
         self.live = False  # a frame is never sent from inside another one
         try:
-            parts, size = [], 40
+            parts, size = [], _FRAME_OVERHEAD
             for item in self.reports[self.sent :]:
                 text = _json_value(item)
-                if len(text) > PROGRESS_CAP - 40:
+                if len(text) > PROGRESS_CAP - _FRAME_OVERHEAD:
                     # Judged from the test's record at the end, as is every report after it: the
                     # first failing assert is the one a verdict names.
                     self.muted = True
