@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from mars2.search.latency import AnswerLengths, EngineModel, SandboxModel, VirtualClock
 from mars2.search.runner import SearchConfig, TreeSearch
-from mars2.search.simulated import SimulatedAgent, SimulatedGrader, simulated_problems
+from mars2.search.simulation.environment import SimulatedAgent, SimulatedGrader, simulated_problems
+from mars2.search.simulation.latency import AnswerLengths, EngineModel, SandboxModel, VirtualClock
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMES = {

@@ -33,7 +33,7 @@ from mars2.generation.oracle import OracleGenerator, reference_solution
 from mars2.sandbox.base import Verdict
 from mars2.sandbox.grader import Grade, Grader, TestFeedback
 from mars2.search.runner import SearchConfig
-from mars2.search.simulated import SimulatedAgent, SimulatedGrader, simulated_problems
+from mars2.search.simulation.environment import SimulatedAgent, SimulatedGrader, simulated_problems
 from mars2.search.tree import SearchTree
 
 REPO = Path(__file__).resolve().parents[1]

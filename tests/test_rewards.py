@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from mars2.rewards.advantages import group_advantages, is_degenerate
 from mars2.rewards.routing import AdvantageConfig, route_samples, tree_samples
 from mars2.rewards.shaping import shape_rewards
-from mars2.search.simulated import simulated_problems
+from mars2.search.simulation.environment import simulated_problems
 from mars2.search.tree import SearchTree
 
 
