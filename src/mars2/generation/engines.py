@@ -98,6 +98,7 @@ class EnginePool:
         self._args: dict[str, dict[str, Any]] = {}
         self._workdir: Path | None = None
         self._lora_ids: dict[str, Iterator[int]] = {}
+        self._loops: dict[str, Any] = {}
 
     def engine(self, key: str, args: dict[str, Any]) -> Any:
         """The engine for `key`, started with `args` on first use."""
@@ -112,6 +113,15 @@ class EnginePool:
         self._engines[key] = self.runtime.start(args)
         self._args[key] = dict(args)
         return self._engines[key]
+
+    def loop(self, key: str) -> Any:
+        """The request loop of the started engine `key` (`mars2.generation.vllm_async.EngineLoop`):
+        one per engine, shared by every streaming generator on it."""
+        if key not in self._loops:
+            from mars2.generation.vllm_async import EngineLoop
+
+            self._loops[key] = EngineLoop(self._engines[key])
+        return self._loops[key]
 
     def __contains__(self, key: str) -> bool:
         return key in self._engines
@@ -133,6 +143,9 @@ class EnginePool:
         """Shut every engine down and free what the pool wrote; the pool can be reused after."""
         engines, self._engines, self._args = self._engines, {}, {}
         self._lora_ids = {}
+        loops, self._loops = self._loops, {}
+        for loop in loops.values():  # nothing may still be stepping an engine that shuts down
+            loop.cancel()
         for key, llm in engines.items():
             try:
                 self.runtime.close(llm)

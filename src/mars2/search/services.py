@@ -229,7 +229,10 @@ class _StreamingFeeder:
             if self.in_flight == 0:
                 self.busy_seconds += time.perf_counter() - self._since
             self.arrivals.put(Arrival("generated", [work]))
-            self._pump()
+            try:
+                self._pump()
+            except BaseException as error:  # raised on the engine's thread: hand it to the driver
+                self.arrivals.put(_Failure(self.name, error))
 
     def close(self) -> None:
         with self.lock:

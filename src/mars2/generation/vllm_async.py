@@ -1,0 +1,329 @@
+"""vLLM generators that take requests while they generate, for the pipelined rollout driver.
+
+`EngineLoop` drives one in-process engine (the run's `vllm.LLM` from `EnginePool`, the same
+engine the synchronous generators use) the way vLLM's ``AsyncLLM`` drives its engine core: requests
+are added as the trees ask for them, the engine steps while any is unfinished (continuous
+batching puts new requests into the running batch), and each answer is handed back the moment it
+finishes. We do not use ``AsyncLLM`` itself: in vLLM 0.32 it always runs the engine core in
+another process ("Running EngineCore in asyncio without multiprocessing is not currently
+supported"), where the trainer's tensors cannot be handed over by reference (``reload_weights``
+through its ``collective_rpc`` fails: "cannot pickle memoryview objects") and an
+``external_launcher`` engine cannot join the trainer's process group. In process, weight sync,
+sleep/wake, LoRA adapters and DDP work exactly as for `mars2.generation.vllm_backend`.
+
+The loop's thread exists only while requests are in flight; an idle loop touches nothing. Weight
+syncs, sleep and wake run in the caller's thread through `EngineLoop.exclusive`, which refuses
+loudly while any request is in flight: a sync happens between rollouts, never under a request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mars2.generation.base import Completion, DoneCallback, Messages
+from mars2.generation.vllm_backend import SharedBaseLoRAGenerator, VLLMGenerator, _completion
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_IN_FLIGHT = 256  # vLLM's max_num_seqs default, when the engine does not say
+
+
+class CancelledError(RuntimeError):
+    """A request ended unfinished because its rollout was cancelled."""
+
+
+@dataclass
+class _Request:
+    prompt: list[int]
+    sampling: Any
+    lora: Any
+    on_done: Callable[[Any], None]  # a finished vLLM RequestOutput, or the exception that ended it
+
+
+class EngineLoop:
+    """Steps one in-process vLLM engine while requests are in flight, one thread per engine.
+
+    Every streaming generator on an engine (LoRA agents on a shared base included) submits through
+    its one loop (`EnginePool.loop`), so the engine is only ever driven from one thread at a time.
+    """
+
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+        self._lock = threading.Lock()
+        self._queued: list[_Request] = []
+        self._active: dict[str, _Request] = {}  # only the loop's thread touches it
+        self._outstanding = 0  # submitted and not yet handed back
+        self._thread: threading.Thread | None = None
+        self._cancel = False
+        self._ids = itertools.count()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted and not yet handed back."""
+        with self._lock:
+            return self._outstanding
+
+    def submit(self, requests: Sequence[_Request]) -> None:
+        """Queue requests for the engine; returns at once (each `on_done` runs on the loop)."""
+        if not requests:
+            return
+        with self._lock:
+            self._queued.extend(requests)
+            self._outstanding += len(requests)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="mars2-vllm", daemon=True)
+                self._thread.start()
+
+    @contextlib.contextmanager
+    def exclusive(self, what: str) -> Iterator[None]:
+        """The engine for the caller alone (weight sync, sleep, wake); refused with work in flight.
+
+        New submissions wait until the block ends.
+        """
+        while True:
+            with self._lock:
+                if self._outstanding:
+                    raise RuntimeError(
+                        f"{what} while the vLLM engine has {self._outstanding} requests in "
+                        "flight: weights change only between rollouts, never under a request "
+                        "(finish or cancel the rollout first)"
+                    )
+                thread = self._thread
+                if thread is None:
+                    yield
+                    return
+            thread.join()  # everything was handed back: the loop is only winding down
+
+    def cancel(self) -> None:
+        """Abort every request in flight (each is handed a `CancelledError`); wait until idle."""
+        with self._lock:
+            thread = self._thread
+            if thread is None:
+                return
+            self._cancel = True
+        thread.join()
+
+    def _run(self) -> None:
+        engine = self.llm.llm_engine
+        while True:
+            with self._lock:
+                if self._cancel:
+                    failed = self._stop(engine)
+                    error: BaseException = CancelledError("the rollout was cancelled")
+                    break
+                new, self._queued = self._queued, []
+                if not new and not self._active:
+                    self._thread = None
+                    return
+            added = [(f"mars2-{next(self._ids)}", request) for request in new]
+            self._active.update(added)
+            try:
+                for request_id, request in added:
+                    engine.add_request(
+                        request_id,
+                        {"prompt_token_ids": request.prompt},
+                        request.sampling,
+                        lora_request=request.lora,
+                    )
+                outputs = engine.step()
+            except BaseException as raised:  # every caller waiting on this engine learns of it
+                with self._lock:
+                    failed = self._stop(engine)
+                error = raised
+                break
+            for output in outputs:
+                if output.finished:
+                    request = self._active.pop(output.request_id)
+                    with self._lock:
+                        self._outstanding -= 1
+                    _deliver(request, output)
+        for request in failed:
+            _deliver(request, error)
+
+    def _stop(self, engine: Any) -> list[_Request]:
+        """With the lock held: abort what the engine runs, leave the loop idle, return the lost."""
+        lost = [*self._active.values(), *self._queued]
+        if self._active:  # ids the engine never got are skipped by its abort
+            try:
+                engine.abort_request(list(self._active))
+            except Exception:  # the engine may be what failed; its requests still end here
+                log.exception("aborting vLLM requests failed")
+        self._active, self._queued = {}, []
+        self._outstanding = 0
+        self._thread, self._cancel = None, False
+        return lost
+
+
+def _deliver(request: _Request, result: Any) -> None:
+    try:
+        request.on_done(result)
+    except Exception:  # a failing callback must not stop the engine for everyone else
+        log.exception("a vLLM request's completion callback failed")
+
+
+def _max_in_flight(llm: Any) -> int:
+    """The engine's own batch capacity (max_num_seqs): vLLM queues anything past it anyway."""
+    config = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
+    seqs = getattr(getattr(config, "scheduler_config", None), "max_num_seqs", None)
+    return int(seqs) if isinstance(seqs, int) and seqs > 0 else DEFAULT_MAX_IN_FLIGHT
+
+
+def _final_only(sampling: Any) -> Any:
+    """Ask vLLM for each request's final output only, as `vllm.LLM.generate` does."""
+    if hasattr(sampling, "output_kind"):
+        from vllm.sampling_params import RequestOutputKind
+
+        sampling.output_kind = RequestOutputKind.FINAL_ONLY
+    return sampling
+
+
+class _Streams:
+    """What both streaming generators add to their synchronous base class (a mixin)."""
+
+    loop: EngineLoop
+    max_in_flight: int
+    sampling: Any
+
+    encode_prompt: Callable[[Messages], list[int]]  # the synchronous base class's
+
+    def _lora(self) -> Any:
+        return None
+
+    def _check_ready(self) -> None:
+        """Raise when the engine cannot serve this agent now."""
+
+    def submit(self, chats: Sequence[Messages], done: DoneCallback) -> None:
+        """Send `chats` to the engine; `done(index, completion)` runs as each one finishes."""
+        self._check_ready()
+        lora = self._lora()
+        requests = []
+        for index, chat in enumerate(chats):
+            prompt = self.encode_prompt(chat)
+            requests.append(_Request(prompt, self.sampling, lora, _handback(index, prompt, done)))
+        self.loop.submit(requests)
+
+    def _collect(self, chats: Sequence[Messages]) -> list[Completion]:
+        """Submit `chats` and wait for all of them: the blocking `generate` on the same loop."""
+        results: list[Completion | BaseException | None] = [None] * len(chats)
+        remaining = [len(chats)]
+        finished = threading.Event()
+        lock = threading.Lock()
+
+        def done(index: int, output: Completion | BaseException) -> None:
+            with lock:
+                results[index] = output
+                remaining[0] -= 1
+                if remaining[0] == 0:
+                    finished.set()
+
+        if chats:
+            self.submit(chats, done)
+            finished.wait()
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return [r for r in results if isinstance(r, Completion)]
+
+
+def _handback(index: int, prompt: list[int], done: DoneCallback) -> Callable[[Any], None]:
+    def finish(output: Any) -> None:
+        if isinstance(output, BaseException):
+            done(index, output)
+            return
+        try:
+            completion = _completion(prompt, output.outputs[0])
+        except Exception as error:  # handed to the caller instead of lost on the loop's thread
+            done(index, error)
+            return
+        done(index, completion)
+
+    return finish
+
+
+class StreamingVLLMGenerator(_Streams, VLLMGenerator):
+    """One agent's own engine, fed request by request (`StreamingGenerator`).
+
+    Sampling, log-probs (``processed_logprobs``), the agent's chat template, weight sync and sleep
+    mode are `VLLMGenerator`'s. With sleep mode the engine sleeps after a blocking `generate` (as
+    the synchronous one does) and at `release`, when a pipelined rollout is done with it.
+    """
+
+    def __init__(
+        self, llm: Any, runtime: Any, tokenizer: Any, config: Any, loop: EngineLoop
+    ) -> None:
+        super().__init__(llm, runtime, tokenizer, config)
+        self.loop = loop
+        self.sampling = _final_only(self.sampling)
+        self.max_in_flight = _max_in_flight(llm)
+
+    def _check_ready(self) -> None:
+        if self.asleep:
+            raise RuntimeError(
+                "the vLLM engine is asleep and holds no valid weights: sync_weights(policy) first"
+            )
+
+    def generate(self, chats: Sequence[Messages]) -> list[Completion]:
+        completions = self._collect(chats)
+        self._sleep()
+        return completions
+
+    def sync_weights(self, policy: Any) -> None:
+        with self.loop.exclusive("a weight sync"):
+            super().sync_weights(policy)
+
+    def release(self) -> None:
+        """Cancel what a failed rollout left in flight; sleep (with sleep mode) until the next sync."""
+        self.loop.cancel()
+        self._sleep()
+
+    def _sleep(self) -> None:
+        if self.sleep_level is None or self.asleep:
+            return
+        with self.loop.exclusive("putting the engine to sleep"):
+            self.llm.sleep(level=self.sleep_level)
+            self.asleep = True
+
+
+class StreamingSharedBaseLoRAGenerator(_Streams, SharedBaseLoRAGenerator):
+    """A LoRA agent on a shared base engine, fed request by request through the engine's loop."""
+
+    def __init__(
+        self,
+        llm: Any,
+        runtime: Any,
+        tokenizer: Any,
+        config: Any,
+        adapter_dir: Any,
+        lora_ids: Any,
+        loop: EngineLoop,
+    ) -> None:
+        super().__init__(llm, runtime, tokenizer, config, adapter_dir, lora_ids)
+        self.loop = loop
+        self.sampling = _final_only(self.sampling)
+        self.max_in_flight = _max_in_flight(llm)
+
+    def _lora(self) -> Any:
+        return self._request
+
+    def _check_ready(self) -> None:
+        if self._request is None:
+            raise RuntimeError(
+                "call sync_weights(policy) once before generating: the adapter is not loaded yet"
+            )
+
+    def generate(self, chats: Sequence[Messages]) -> list[Completion]:
+        return self._collect(chats)
+
+    def sync_weights(self, policy: Any) -> None:
+        with self.loop.exclusive("an adapter sync"):
+            super().sync_weights(policy)
+
+    def release(self) -> None:
+        """Cancel what a failed rollout left in flight (a shared engine never sleeps)."""
+        self.loop.cancel()
