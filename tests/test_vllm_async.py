@@ -221,7 +221,7 @@ def test_lora_agents_on_a_shared_base_stream_through_one_loop(tiny_models_dir: P
 
 def test_pipelined_driver_grows_full_trees_on_streaming_engines(tiny_models_dir: Path) -> None:
     agents = {name: _agent(tiny_models_dir / name) for name in ("tiny_qwen3", "tiny_llama")}
-    runtime = FakeRuntime()
+    runtime = FakeRuntime(step_seconds=0.002)  # steps long enough to overlap, were two threads
     with EnginePool(runtime) as pool:
         generators = build_generators(agents, pool, streaming=True)
         search = TreeSearch(SearchConfig(max_nodes=5, expansions_per_round=3, driver="pipelined"))
@@ -238,3 +238,4 @@ def test_pipelined_driver_grows_full_trees_on_streaming_engines(tiny_models_dir:
         assert added == 4 * 5  # one request per node, none lost or repeated
         assert 0 < search.timings.busy["tiny_qwen3"] <= search.timings.span
         assert all(isinstance(llm, FakeLLM) for llm in runtime.started)
+        assert runtime.stepping.peak == 1  # the two engines stepped in turn, never at once

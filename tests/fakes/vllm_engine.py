@@ -10,6 +10,8 @@ token, so requests of different lengths finish in order of length.
 
 from __future__ import annotations
 
+import threading
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,9 +20,28 @@ import torch
 from mars2.models.loading import ModelSpec, load_policy
 
 
+class Stepping:
+    """Counts the engines of one runtime stepping at the same moment (vLLM allows one per process)."""
+
+    def __init__(self, seconds: float = 0.0) -> None:
+        self.seconds, self.now, self.peak = seconds, 0, 0
+        self.lock = threading.Lock()
+
+    def __enter__(self) -> None:
+        with self.lock:
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+        time.sleep(self.seconds)
+
+    def __exit__(self, *exc: object) -> None:
+        with self.lock:
+            self.now -= 1
+
+
 class FakeLLM:
-    def __init__(self, args: dict[str, Any]) -> None:
+    def __init__(self, args: dict[str, Any], stepping: Stepping | None = None) -> None:
         self.args = args
+        self.stepping = stepping or Stepping()
         self.calls: list[tuple[Any, ...]] = []
         self.model = load_policy(ModelSpec(args["model"]))
         self.model.eval()
@@ -73,6 +94,10 @@ class FakeEngine:
         if self.fail_next_step is not None:
             error, self.fail_next_step = self.fail_next_step, None
             raise error
+        with self.llm.stepping:
+            return self._step()
+
+    def _step(self) -> list[Any]:
         finished = []
         for request_id, entry in list(self.running.items()):
             entry[0] -= 1
@@ -94,12 +119,13 @@ class FakeEngine:
 class FakeRuntime:
     """What `EnginePool` uses to start engines, with `FakeLLM` in place of `vllm.LLM`."""
 
-    def __init__(self) -> None:
+    def __init__(self, step_seconds: float = 0.0) -> None:
         self.started: list[FakeLLM] = []
         self.closed: list[FakeLLM] = []
+        self.stepping = Stepping(step_seconds)
 
     def start(self, args: dict[str, Any]) -> FakeLLM:
-        llm = FakeLLM(args)
+        llm = FakeLLM(args, self.stepping)
         self.started.append(llm)
         return llm
 
