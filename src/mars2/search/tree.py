@@ -29,7 +29,9 @@ def _ungraded() -> Grade:
 class Node:
     """An agent's answer: the sampled completion and its grade (the root has neither).
 
-    `reward` starts as the grade's reward; the rollout may lower it (overlong penalty).
+    `reward` is the grade's reward (binary or pass rate, in [0, 1]) and is never changed
+    afterwards: the search statistics and the shaping read it; length terms such as the overlong
+    penalty live on the training sample (`mars2.rewards.routing.Sample.length_term`).
     """
 
     id: int
