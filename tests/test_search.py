@@ -302,6 +302,7 @@ def test_global_statistics_are_a_prior_of_global_weight_observations() -> None:
     # One pseudo-observation of each agent's carried mean shifts the choice a little, not to 0.006.
     assert _root_choice_rate("global", 1.0) == pytest.approx(alone, abs=0.08)
     assert _root_choice_rate("global", 0.0) == pytest.approx(alone, abs=0.03)
+    assert _root_choice_rate("global", 8.0) > 0.6  # the default: the tree's evidence still leads
     assert _root_choice_rate("global", 500.0) < 0.5  # a heavy prior does outweigh three nodes
     with pytest.raises(ValueError, match="global_weight"):
         PolicyConfig(global_weight=-1.0)
@@ -315,9 +316,9 @@ def test_global_statistics_apply_at_the_root_only() -> None:
     carried = AgentStatistics()
     carried.stats["A"] = RewardStats(count=50.0, total=50.0, total_sq=50.0)
     policy = ThompsonPolicy(PolicyConfig(agent_scope="global", global_weight=3.0))
-    below = policy.action_posteriors(tree, stats, 1, ["A", "B"], carried)
+    below = policy.action_posteriors(stats, 1, ["A", "B"], carried)
     assert below == [stats.action(1, "A"), stats.action(1, "B")]
-    root = policy.action_posteriors(tree, stats, 0, ["A", "B"], carried)
+    root = policy.action_posteriors(stats, 0, ["A", "B"], carried)
     assert root[0].count == pytest.approx(stats.action(0, "A").count + 3.0)
     assert root[0].total == pytest.approx(stats.action(0, "A").total + 3.0)
     assert root[1] == stats.action(0, "B")  # nothing carried for B

@@ -17,9 +17,9 @@ With ``agent_scope="global"`` each agent's results carried over from earlier tre
 (`AgentStatistics`) act as a prior worth ``global_weight`` observations of that agent's carried
 mean reward: ``stack`` adds it to the root's action posteriors only (which agent writes a fresh
 solution; deeper choices rest on the evidence of this tree), ``bandit`` and ``flat`` to the
-agent draw. Pending
-expansions count as failures until scored, so several picks made in one round spread out; with
-one expansion per round nothing is pending at a pick and the walk is the sequential algorithm.
+agent draw. Every posterior sees raw grade rewards only. Pending expansions count as failures
+until scored, so several picks made in one round spread out; with one expansion per round nothing
+is pending at a pick and the walk is the sequential algorithm.
 """
 
 from __future__ import annotations
@@ -48,8 +48,9 @@ class PolicyConfig:
     max_children: int | None = None
     refine_solved: bool = False
     agent_scope: AgentScope = "tree"
-    # agent_scope="global": how many observations each agent's carried mean reward counts for.
-    global_weight: float = 1.0
+    # agent_scope="global": how many observations each agent's carried mean reward counts for
+    # (8: about one training tree's worth of evidence).
+    global_weight: float = 8.0
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -325,7 +326,6 @@ class ThompsonPolicy:
 
     def action_posteriors(
         self,
-        tree: SearchTree,
         stats: TreeStats,
         node_id: int,
         agents: Sequence[str],
@@ -369,7 +369,7 @@ class ThompsonPolicy:
             candidates = list(agents) if widen else [a for a in agents if a in mine]
             if not candidates:
                 return None
-            actions = self.action_posteriors(tree, stats, current, candidates, global_stats)
+            actions = self.action_posteriors(stats, current, candidates, global_stats)
             best = candidates[argmax(thompson_draws(actions, prior, rng))]
             children = mine.get(best)
             if not children:

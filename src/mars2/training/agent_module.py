@@ -93,7 +93,8 @@ class AgentModule(pl.LightningModule):
         β > 0; with LoRA the reference is the base with the adapter off). Called at construction
         and again after a warm start, so the KL pulls toward the warm-started policy."""
         if self.loss_config.beta > 0 and self.model_spec.lora is None:
-            self._reference[:] = [frozen_copy(self.policy)]
+            self._reference.clear()  # the old copy goes first: never three models at once
+            self._reference.append(frozen_copy(self.policy))
 
     def reference_logprobs(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor
