@@ -31,6 +31,10 @@ class _Result:
 class FakeState:
     def __init__(self) -> None:
         self.created = 0
+        self.creating = 0  # creates in flight now
+        self.peak_creating = 0
+        self.create_times: list[float] = []
+        self.create_options: list[dict[str, Any]] = []
         self.killed = 0
         self.running = 0
         self.peak = 0
@@ -46,7 +50,7 @@ class _Files:
     def __init__(self, box: AsyncSandbox) -> None:
         self.box = box
 
-    async def write(self, path: str, data: str) -> None:
+    async def write(self, path: str, data: str) -> None:  # the SDK's write(path, data, ...)
         STATE.written[path] = data
         local = self.box.local(path)
         local.parent.mkdir(parents=True, exist_ok=True)
@@ -57,7 +61,8 @@ class _Commands:
     def __init__(self, box: AsyncSandbox) -> None:
         self.box = box
 
-    async def run(self, command: str, timeout: float = 60) -> _Result:
+    async def run(self, cmd: str, timeout: float | None = 60) -> _Result:
+        command = cmd
         if STATE.fail_next_commands > 0:
             STATE.fail_next_commands -= 1
             raise ConnectionError("fake transient network error")
@@ -88,7 +93,29 @@ class AsyncSandbox:
         return self.root / remote.lstrip("/")
 
     @classmethod
-    async def create(cls, api_key: str, timeout: int = 300, **_: Any) -> AsyncSandbox:
+    async def create(
+        cls,
+        template: str | None = None,
+        timeout: int | None = None,
+        allow_internet_access: bool | None = None,
+        *,
+        api_key: str,
+    ) -> AsyncSandbox:
+        """The real SDK's keywords that E2BSandbox uses (tests check them against the SDK)."""
+        STATE.creating += 1
+        STATE.peak_creating = max(STATE.peak_creating, STATE.creating)
+        STATE.create_times.append(asyncio.get_running_loop().time())
+        STATE.create_options.append(
+            {
+                "template": template,
+                "timeout": timeout,
+                "allow_internet_access": allow_internet_access,
+            }
+        )
+        try:
+            await asyncio.sleep(0.02)  # a create takes a while: concurrent ones overlap
+        finally:
+            STATE.creating -= 1
         STATE.created += 1
         STATE.api_keys.append(api_key)
         return cls()
