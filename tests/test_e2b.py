@@ -180,5 +180,5 @@ def test_the_fake_sdk_keeps_step_with_the_real_one(fake_sdk) -> None:
 
     assert {"cmd", "timeout"} <= _accepted(Commands.run)
     assert {"path", "data"} <= _accepted(Filesystem.write)
-    assert _accepted(e2b_sdk._Commands.run) <= _accepted(Commands.run)
-    assert _accepted(e2b_sdk._Files.write) <= _accepted(Filesystem.write)
+    assert _accepted(e2b_sdk.Commands.run) <= _accepted(Commands.run)
+    assert _accepted(e2b_sdk.Files.write) <= _accepted(Filesystem.write)

@@ -23,7 +23,7 @@ class CommandExitError(Exception):
         self.stdout, self.stderr, self.exit_code = stdout, stderr, exit_code
 
 
-class _Result:
+class Result:
     def __init__(self, stdout: str, stderr: str, exit_code: int) -> None:
         self.stdout, self.stderr, self.exit_code = stdout, stderr, exit_code
 
@@ -46,7 +46,7 @@ class FakeState:
 STATE = FakeState()
 
 
-class _Files:
+class Files:
     def __init__(self, box: AsyncSandbox) -> None:
         self.box = box
 
@@ -57,11 +57,11 @@ class _Files:
         local.write_text(data)
 
 
-class _Commands:
+class Commands:
     def __init__(self, box: AsyncSandbox) -> None:
         self.box = box
 
-    async def run(self, cmd: str, timeout: float | None = 60) -> _Result:
+    async def run(self, cmd: str, timeout: float | None = 60) -> Result:
         command = cmd
         if STATE.fail_next_commands > 0:
             STATE.fail_next_commands -= 1
@@ -80,14 +80,14 @@ class _Commands:
             STATE.running -= 1
         if proc.returncode:
             raise CommandExitError(out.decode(), err.decode(), proc.returncode)
-        return _Result(out.decode(), err.decode(), 0)
+        return Result(out.decode(), err.decode(), 0)
 
 
 class AsyncSandbox:
     def __init__(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="fake-e2b-"))
-        self.files = _Files(self)
-        self.commands = _Commands(self)
+        self.files = Files(self)
+        self.commands = Commands(self)
 
     def local(self, remote: str) -> Path:
         return self.root / remote.lstrip("/")
