@@ -1,7 +1,9 @@
 """The seccomp filter of sandbox jobs, built and loaded by libseccomp.
 
-The executor loads it on itself before it forks any answer, so every job inherits it (with
-no_new_privs, which libseccomp sets on load). It refuses, with EPERM: new namespaces (`unshare`,
+Every job inherits it from the executor: bubblewrap loads it (exported as BPF by libseccomp,
+`--add-seccomp-fd`) on the executor of a container before the executor's first instruction, and
+an executor without a container loads it on itself (with no_new_privs, which libseccomp sets)
+before it forks any answer. It refuses, with EPERM: new namespaces (`unshare`,
 `setns`, and `clone` with any CLONE_NEW* flag), mounting (`mount`, `umount2`, `pivot_root`,
 `chroot` and the new mount API), `bpf`, `userfaultfd`, `perf_event_open`, the keyring calls, and
 the IPC objects that outlive a job (System V IPC, POSIX message queues). `clone3` answers ENOSYS,
@@ -166,6 +168,33 @@ def install() -> list[str]:
     except (OSError, RuntimeError) as err:
         raise SeccompUnavailable(f"loading the filter failed: {err}") from err
     return uncovered
+
+
+def export_programs(lib: ModuleType | None = None) -> tuple[list[bytes], list[str]]:
+    """The filters as BPF programs (what bubblewrap's --add-seccomp-fd loads), and the refused
+    calls none of them covers."""
+    import tempfile  # here: the executor, which may import this module, never needs it
+
+    filters, uncovered = build_filters(lib)
+    programs = []
+    for item in filters:
+        with tempfile.TemporaryFile() as handle:
+            item.export_bpf(handle)
+            handle.seek(0)
+            programs.append(handle.read())
+    return programs, uncovered
+
+
+def installed_filters() -> int:
+    """How many seccomp filters the calling process runs under (0 where none, or unknown)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("Seccomp_filters:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def export_text(lib: ModuleType | None = None) -> str:

@@ -4,7 +4,8 @@ Started by `LocalSandbox` as ``python -m mars2.sandbox.pool.worker`` from a clea
 (never forked from a training process holding GPU state) with an allow-listed environment; its
 first line on stdin is its `WorkerConfig`. Before it reads any job it starts its executor
 (`mars2.sandbox.runner.executor`), inside one bubblewrap container where it has one (built by
-`mars2.sandbox.container.bubblewrap`; the executor loads the seccomp filter itself). The worker
+`mars2.sandbox.container.bubblewrap`, with libseccomp's filter exported here and loaded by
+bubblewrap on the executor). The worker
 sends the executor a job's inputs only, keeps the expected outputs, validates the raw records and
 decides the verdicts (`verdict.judge`), restarting the executor's child from the first test not
 yet judged when one dies or hangs (`job_loop.JobLoop`). No answer can reach it: it runs outside
@@ -22,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mars2.sandbox.container import bubblewrap
+from mars2.sandbox.container import bubblewrap, seccomp
 from mars2.sandbox.pool.job_loop import JobLoop
 from mars2.sandbox.protocol import WorkerConfig, recv_message, send_message
 from mars2.sandbox.runner.scratch import make_private_dir, remove_tree
@@ -44,6 +45,8 @@ class Worker:
         self.config = config
         self.host_scratch: str | None = None
         self.hidden: list[str] = []
+        self.unfiltered: list[str] = []  # refused calls the container's filters do not cover
+        self._filter_fds: list[int] = []
         if config.bwrap:
             root = os.geteuid() == 0
             keep = bubblewrap.interpreter_paths()
@@ -55,6 +58,14 @@ class Worker:
                 config.bwrap, allow_network=config.allow_network,
                 tmp_size_mb=config.tmp_size_mb, as_root=root, keep=keep, private=private,
             )  # fmt: skip
+            if config.seccomp:
+                programs, self.unfiltered = seccomp.export_programs()
+                for program in programs:
+                    read_end, write_end = os.pipe()
+                    os.write(write_end, program)  # a few kB: well under a pipe's buffer
+                    os.close(write_end)
+                    self._filter_fds.append(read_end)
+                    prefix += ["--add-seccomp-fd", str(read_end)]
             command = [*prefix, "--", sys.executable, "-m", EXECUTOR_MODULE]
             job_parent = "/tmp"  # the container's private tmpfs
         else:
@@ -82,7 +93,10 @@ class Worker:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             close_fds=True,
+            pass_fds=self._filter_fds,
         )
+        for fd in self._filter_fds:  # bubblewrap has its own copies
+            os.close(fd)
         assert self.executor.stdin is not None and self.executor.stdout is not None
         self._to_exec = self.executor.stdin.fileno()
         self._from_exec = self.executor.stdout.fileno()
@@ -96,6 +110,8 @@ class Worker:
             self.close()
             raise ExecutorLost(f"the executor did not start: {said}")
         self.executor_report: dict[str, Any] = hello[0]
+        if self.unfiltered:
+            self.executor_report["unfiltered"] = self.unfiltered
 
     def _stderr(self) -> str:
         """What the executor (or bubblewrap) said before it died."""

@@ -4,9 +4,10 @@ output.
 Started by a worker (`mars2.sandbox.pool.worker`) as ``python -m mars2.sandbox.runner.executor``,
 inside the worker's container when it has one (`mars2.sandbox.container`: then it is pid 1 of a
 pid namespace that holds only jobs, in its own mount, IPC, UTS and network namespaces, with a
-read-only root and private /tmp and /dev/shm). Its first message from the worker is its
-`WorkerConfig`; it then loads the seccomp filter and no_new_privs and sets the shared limits on
-itself (every child inherits them), warms up and answers ready. For each job it receives the
+read-only root and private /tmp and /dev/shm, and under the seccomp filter bubblewrap loaded).
+Its first message from the worker is its `WorkerConfig`; it then sets no_new_privs and the shared
+limits on itself (and, without a container, loads the seccomp filter): every child inherits them.
+It warms up and answers ready. For each job it receives the
 inputs only (humaneval checks with their literal expectations lifted out), compiles the answer,
 forks one child that drops to the sandbox uid (as root), sets its own limits and runs every test
 in-process (see `harness`), streaming one raw record per test back through a pipe. The executor
@@ -27,6 +28,7 @@ import time
 from types import CodeType
 from typing import Any
 
+from mars2.sandbox.container import seccomp
 from mars2.sandbox.protocol import KILL_MARGIN, WorkerConfig, recv_message, send_message, write_all
 from mars2.sandbox.runner import harness, limits
 from mars2.sandbox.runner.scratch import make_private_dir, remove_tree
@@ -85,9 +87,12 @@ class Executor:
             limits.set_undumpable()
         self.seccomp_error: str | None = None
         self.unfiltered: list[str] = []
-        if config.seccomp:
-            from mars2.sandbox.container import seccomp
-
+        if config.seccomp and config.bwrap:
+            # bubblewrap loaded the filters before this process started (--add-seccomp-fd), so
+            # it never holds libseccomp and its binding, and every fork of it is smaller.
+            if seccomp.installed_filters() == 0:
+                self.seccomp_error = "bubblewrap did not load the seccomp filter"
+        elif config.seccomp:
             try:
                 self.unfiltered = seccomp.install()
             except seccomp.SeccompUnavailable as err:
