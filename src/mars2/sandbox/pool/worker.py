@@ -46,7 +46,7 @@ class Worker:
         self.host_scratch: str | None = None
         self.hidden: list[str] = []
         self.unfiltered: list[str] = []  # refused calls the container's filters do not cover
-        self._filter_fds: list[int] = []
+        filter_fds: list[int] = []  # the exported seccomp programs, for bubblewrap to read
         if config.bwrap:
             root = os.geteuid() == 0
             keep = bubblewrap.interpreter_paths()
@@ -64,7 +64,7 @@ class Worker:
                     read_end, write_end = os.pipe()
                     os.write(write_end, program)  # a few kB: well under a pipe's buffer
                     os.close(write_end)
-                    self._filter_fds.append(read_end)
+                    filter_fds.append(read_end)
                     prefix += ["--add-seccomp-fd", str(read_end)]
             command = [*prefix, "--", sys.executable, "-m", EXECUTOR_MODULE]
             job_parent = "/tmp"  # the container's private tmpfs
@@ -93,9 +93,9 @@ class Worker:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             close_fds=True,
-            pass_fds=self._filter_fds,
+            pass_fds=filter_fds,
         )
-        for fd in self._filter_fds:  # bubblewrap has its own copies
+        for fd in filter_fds:  # bubblewrap has its own copies
             os.close(fd)
         assert self.executor.stdin is not None and self.executor.stdout is not None
         self._to_exec = self.executor.stdin.fileno()
