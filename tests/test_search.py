@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mars2.sandbox.base import Verdict
-from mars2.sandbox.grader import Grade, TestFeedback
+from mars2.sandbox.records import Grade, TestFeedback
 from mars2.search.policy import AgentStatistics, PolicyConfig, ThompsonPolicy, TreeStats
 from mars2.search.posterior import Prior, RewardStats, beta_params, nig_params, thompson_draw
 from mars2.search.prompts import PromptBuilder

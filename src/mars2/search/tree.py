@@ -11,7 +11,7 @@ from typing import Any
 from mars2.data.problem import Problem
 from mars2.generation.base import Completion, Messages
 from mars2.sandbox.base import Verdict
-from mars2.sandbox.grader import Grade, TestFeedback
+from mars2.sandbox.records import Grade, TestFeedback
 from mars2.utils.atomic import atomic_open
 
 ROOT_ID = 0
