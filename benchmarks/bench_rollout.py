@@ -2,7 +2,7 @@
 
 Simulated (the headline): the paper's training shape, 64 trees x 16 nodes, two agents with
 long-tailed (lognormal) answer lengths on continuous-batching engines, one decoding 2x slower,
-graded by a 32-worker sandbox, all on a virtual clock (`mars2.search.latency`): deterministic and
+graded by a 32-worker sandbox, all on a virtual clock (`mars2.search.simulation.latency`): deterministic and
 instant. Both round-synchronous schemes run the unmodified rounds driver, whose blocking
 `generate` / `grade` calls advance the clock by the engine's makespan for that batch; the
 pipelined driver runs on its virtual runtime with the same models. Targets: pipelined >= 1.5x

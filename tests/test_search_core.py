@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mars2.generation.base import Completion
-from mars2.sandbox.grader import Grade
+from mars2.sandbox.records import Grade
 from mars2.search.core import Expansion, SearchCore
 from mars2.search.policy import PolicyConfig, ThompsonPolicy
 from mars2.search.prompts import PromptBuilder

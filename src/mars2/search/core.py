@@ -19,14 +19,14 @@ import numpy as np
 
 from mars2.data.problem import Problem
 from mars2.generation.base import Completion, Messages
-from mars2.sandbox.grader import Grade
+from mars2.sandbox.records import Grade
 from mars2.search.policy import AgentStatistics, ThompsonPolicy, TreeStats
 from mars2.search.prompts import PromptBuilder
 from mars2.search.tree import ROOT_ID, Node, SearchTree
 
 
 class GraderLike(Protocol):
-    """Grades (problem, completion) pairs in one batch, e.g. `mars2.sandbox.grader.Grader`."""
+    """Grades (problem, completion) pairs in one batch, e.g. `mars2.sandbox.verdict.grader.Grader`."""
 
     def grade(self, items: Sequence[tuple[Problem, str]]) -> list[Grade]: ...
 

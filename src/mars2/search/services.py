@@ -29,7 +29,7 @@ from typing import Literal, Protocol
 
 from mars2.data.problem import Problem
 from mars2.generation.base import Completion, Generator, Messages, StreamingGenerator
-from mars2.sandbox.grader import Grade
+from mars2.sandbox.records import Grade
 from mars2.search.core import Expansion, GraderLike
 
 SANDBOX = "sandbox"  # the grader's name in usage reports (agent names are the generators')
