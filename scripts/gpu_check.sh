@@ -19,11 +19,11 @@
 # lines), setup.log, train.log, eval.log, calibrate.log, calibration.json. Run folders go to $WORK.
 #
 # With the device tool (a minute or two to start the machine, then about 5 minutes; the steps'
-# limits and verdicts add up to at most 510 s): first, here,
+# limits and verdicts add up to at most 560 s): first, here,
 #   bash scripts/gpu_wheels.sh && bash scripts/gpu_check.sh --dry-run --python .venv/bin/python
 # then one call: run(command="bash scripts/gpu_check.sh", carry=[".whl"], kind="nvidia-h200",
-# timeout_s=520). A rerun of single steps within the same 15 minutes (machine still warm):
-# run(command="bash scripts/gpu_check.sh --steps calibrate", carry=[".whl"], timeout_s=240);
+# timeout_s=570). A rerun of single steps within the same 15 minutes (machine still warm):
+# run(command="bash scripts/gpu_check.sh --steps calibrate", carry=[".whl"], timeout_s=220);
 # only some cases: CALIBRATE_ARGS="--shape qwen3-8b --mode full" bash scripts/gpu_check.sh ...
 # (python -m mars2.training.calibration --help); more time for a step: LIMIT_TRAIN=300 etc.
 #
@@ -82,12 +82,13 @@ done
 case ",$STEPS," in *",setup,"*) ;; *) STEPS=setup,$STEPS; SELECTED=(setup "${SELECTED[@]}") ;; esac
 selected() { case ",$STEPS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 
-# Seconds each step may take; with at most 20 s for each verdict they stay under the device call's
-# timeout_s=520. LIMIT_SETUP=... etc. change them.
+# Seconds each step may take (515; train's warm start runs on the CPU, as in every mars2 run); with
+# at most 15 s for each verdict they stay under the device call's timeout_s=570.
+# LIMIT_SETUP=... etc. change them.
 LIMIT_setup=${LIMIT_SETUP:-45}
-LIMIT_train=${LIMIT_TRAIN:-190}
-LIMIT_eval=${LIMIT_EVAL:-55}
-LIMIT_calibrate=${LIMIT_CALIBRATE:-160}
+LIMIT_train=${LIMIT_TRAIN:-260}
+LIMIT_eval=${LIMIT_EVAL:-60}
+LIMIT_calibrate=${LIMIT_CALIBRATE:-150}
 
 OUT=${OUT:-$(mktemp -d /tmp/mars2-gpu-check-out-XXXX)}
 mkdir -p "$OUT" "$WORK"
@@ -118,10 +119,10 @@ timed() {  # timed CMD...: runs CMD with what is left of the step's time (exit 1
   [ "$left" -le 0 ] && return 124
   timeout -k 10 "$left" "$@"
 }
-verdict() {  # verdict STEP CHECK ARGS...: one result line from scripts/gpu_check.py (20 s apart
+verdict() {  # verdict STEP CHECK ARGS...: one result line from scripts/gpu_check.py (15 s apart
   # from the step's limit, so a step that used its time still gets its verdict)
   local line
-  line=$(timeout -k 5 20 "$PY" scripts/gpu_check.py "$2" --label "$1" "${@:3}" 2>&1 | tail -1)
+  line=$(timeout -k 3 15 "$PY" scripts/gpu_check.py "$2" --label "$1" "${@:3}" 2>&1 | tail -1)
   case "$line" in
     "PASS $1: "*) show "$line" ;;
     "FAIL $1: "*) show "$line"; FAILED=$((FAILED + 1)) ;;
@@ -225,7 +226,8 @@ step_train() {
 
 step_eval() {
   local checkpoint=$WORK/resumed/checkpoints/last.ckpt eval_dir=$WORK/eval
-  local command=(mars2-eval)
+  # the console script pip installed beside the interpreter (its bin/ need not be on PATH)
+  local command=("$("$PY" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/mars2-eval")
   [ "$INSTALL" = 0 ] && command=("$PY" -m mars2.cli.eval)
   command+=(experiment=tiny_pair "paths.tiny_models_dir=$TINY" "ckpt_path=$checkpoint" logger=none
     eval.limit=8 eval.samples=2 eval.tree_budget=4 "hydra.run.dir=$eval_dir")

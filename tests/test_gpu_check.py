@@ -112,7 +112,7 @@ def test_unknown_steps_and_arguments_are_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()  # refused before anything ran
     helped = run_check(tmp_path, "--help")
     assert helped.returncode == 0
-    assert "timeout_s=520" in helped.stdout and "--steps LIST" in helped.stdout
+    assert "timeout_s=570" in helped.stdout and "--steps LIST" in helped.stdout
 
 
 def test_setup_without_wheels_fails_naming_them_and_the_fix(tmp_path: Path) -> None:
