@@ -153,6 +153,11 @@ def calibration(path: Path, cpu: bool = False) -> tuple[bool, str]:
         summary += "; measured/estimated off: " + ", ".join(off)
     if unmeasured:
         summary += "; not measured: " + ", ".join(unmeasured)
+    if cpu:
+        summary += (
+            "; GPU only, not measured here: activations, logits, the CUDA context and the "
+            "device's peak (device/estimate)"
+        )
     return not off and not unmeasured and within > 0, summary
 
 

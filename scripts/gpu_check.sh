@@ -4,7 +4,9 @@
 # line, PASS or FAIL with its numbers, and has its own time limit, so one failure does not eat
 # the others' time:
 #   setup      install the carried wheels (.whl/, scripts/gpu_wheels.txt) into a --target folder
-#              and mars2 with --no-deps (editable); print the GPU and the versions
+#              and mars2 with --no-deps (editable); print the GPU, the versions and what the local
+#              sandbox can have there (without all of it, train and eval grade with
+#              sandbox.isolation=best_effort)
 #   train      make_tiny_models; a warm-started tiny_pair run with trainer=gpu (transformers backend
 #              on CUDA, bf16-mixed), 3 steps with a checkpoint after each: reward > 0; then a run
 #              resumed from step_000001.ckpt: every logged value and the final weights equal the
@@ -18,17 +20,24 @@
 # Outputs in $OUT (what the device tool returns, at most 8 files): gpu_check.log (the result
 # lines), setup.log, train.log, eval.log, calibrate.log, calibration.json. Run folders go to $WORK.
 #
-# With the device tool (a minute or two to start the machine, then about 5 minutes; the steps'
-# limits and verdicts add up to at most 560 s): first, here,
+# With the device tool (a minute or two to start the machine, then at most 570 s: the steps'
+# limits, 515 s, and three verdicts of at most 15 s), from the checkout the session started in
+# (the tool sends that one): first, here,
 #   bash scripts/gpu_wheels.sh && bash scripts/gpu_check.sh --dry-run --python .venv/bin/python
-# then one call: run(command="bash scripts/gpu_check.sh", carry=[".whl"], kind="nvidia-h200",
-# timeout_s=570). A rerun of single steps within the same 15 minutes (machine still warm):
-# run(command="bash scripts/gpu_check.sh --steps calibrate", carry=[".whl"], timeout_s=220);
-# only some cases: CALIBRATE_ARGS="--shape qwen3-8b --mode full" bash scripts/gpu_check.sh ...
-# (python -m mars2.training.calibration --help); more time for a step: LIMIT_TRAIN=300 etc.
+# then one call (.whl/ is git-ignored: it travels only because carry names it):
+#   run(command="bash scripts/gpu_check.sh", carry=[".whl"], kind="nvidia-h200", timeout_s=570)
+# One rerun of a failed eval or calibrate step fits in the same 15 minutes if made at once (the
+# machine stays warm 30 s), with what the reply's lease.budget_left_s leaves (about 220 s):
+#   run(command="LIMIT_CALIBRATE=150 bash scripts/gpu_check.sh --steps calibrate", carry=[".whl"],
+#       timeout_s=220)
+# with less left: timeout_s = budget_left_s - 20 and LIMIT_CALIBRATE (LIMIT_EVAL) = timeout_s - 70.
+# Only some cases: CALIBRATE_ARGS="--shape qwen3-8b --mode full" bash scripts/gpu_check.sh ...
+# (python -m mars2.training.calibration --help). README.md, "Entry points", says the same.
 #
 # Here (no GPU): --dry-run checks the wheels and prints each step's commands and the calibration's
-# predictions; --cpu rehearses every step on the CPU (trainer=cpu, the tiny shape calibrated).
+# predictions; --cpu rehearses every step on the CPU (trainer=cpu, the tiny shape calibrated: the
+# bytes of its tensors against the estimate's resident terms; activations, logits, the CUDA
+# context and the device's peak are GPU only), with generous limits (no device time is spent).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -84,15 +93,24 @@ selected() { case ",$STEPS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 
 # Seconds each step may take (515; train's warm start runs on the CPU, as in every mars2 run); with
 # at most 15 s for each verdict they stay under the device call's timeout_s=570.
-# LIMIT_SETUP=... etc. change them.
-LIMIT_setup=${LIMIT_SETUP:-45}
-LIMIT_train=${LIMIT_TRAIN:-260}
-LIMIT_eval=${LIMIT_EVAL:-60}
-LIMIT_calibrate=${LIMIT_CALIBRATE:-150}
+# LIMIT_SETUP=... etc. change them. --cpu spends no device time: its defaults are generous (a
+# shared 2-core machine takes about 10 minutes for train's two warm starts).
+if [ "$CPU" = 1 ]; then
+  LIMIT_setup=${LIMIT_SETUP:-300}
+  LIMIT_train=${LIMIT_TRAIN:-2400}
+  LIMIT_eval=${LIMIT_EVAL:-900}
+  LIMIT_calibrate=${LIMIT_CALIBRATE:-600}
+else
+  LIMIT_setup=${LIMIT_SETUP:-45}
+  LIMIT_train=${LIMIT_TRAIN:-260}
+  LIMIT_eval=${LIMIT_EVAL:-60}
+  LIMIT_calibrate=${LIMIT_CALIBRATE:-150}
+fi
 
 OUT=${OUT:-$(mktemp -d /tmp/mars2-gpu-check-out-XXXX)}
 mkdir -p "$OUT" "$WORK"
 TINY=$ROOT/.cache/tiny_models
+ISOLATION=required  # setup lowers it to best_effort where the machine cannot give the sandbox all
 TRAINER=gpu
 DEVICE=gpu
 [ "$CPU" = 1 ] && TRAINER=cpu && DEVICE=cpu
@@ -188,7 +206,15 @@ elif sys.argv[1] == "gpu":
     sys.exit(f"no CUDA GPU visible ({line})")
 else:
     line += "; no GPU (--cpu)"
+# What the local sandbox can have here (bubblewrap's namespaces, the seccomp filter, a task limit)
+try:
+    from mars2.sandbox.container.policy import plan
+
+    missing = plan("best_effort").missing
+except Exception as err:  # a probe that breaks says so; the steps then use best_effort
+    missing = [f"the probe ({type(err).__name__}: {err})"]
 print(line)
+print("ISOLATION " + ("required" if not missing else "best_effort " + "; ".join(missing)))
 PY
   )
   code=$?
@@ -197,14 +223,19 @@ PY
     result FAIL setup "$(echo "$info" | tail -1)"
     return 1
   fi
-  result PASS setup "$(echo "$info" | tail -1); $how"
+  local isolation
+  isolation=$(echo "$info" | sed -n 's/^ISOLATION //p' | tail -1)
+  ISOLATION=${isolation%% *}
+  local sandbox="sandbox fully isolated"
+  [ "$ISOLATION" = best_effort ] && sandbox="sandbox.isolation=best_effort, it lacks ${isolation#best_effort }"
+  result PASS setup "$(echo "$info" | grep -v '^ISOLATION ' | tail -1); $how; $sandbox"
 }
 
 # -- train: warm start, reward > 0, exact resume -------------------------------------------------
 
 train_run() {  # train_run FOLDER [OVERRIDES...]
   timed "$PY" -m mars2.cli.train experiment=tiny_pair trainer=$TRAINER "paths.tiny_models_dir=$TINY" \
-    logger=csv steps=3 callbacks.checkpoint.every_n_train_steps=1 trainer.deterministic=warn \
+    "sandbox.isolation=$ISOLATION" logger=csv steps=3 callbacks.checkpoint.every_n_train_steps=1 trainer.deterministic=warn \
     '~callbacks.progress' +trainer.enable_progress_bar=false "hydra.run.dir=$1" "${@:2}"
 }
 
@@ -229,7 +260,8 @@ step_eval() {
   # the console script pip installed beside the interpreter (its bin/ need not be on PATH)
   local command=("$("$PY" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/mars2-eval")
   [ "$INSTALL" = 0 ] && command=("$PY" -m mars2.cli.eval)
-  command+=(experiment=tiny_pair "paths.tiny_models_dir=$TINY" "ckpt_path=$checkpoint" logger=none
+  command+=(experiment=tiny_pair "paths.tiny_models_dir=$TINY" "sandbox.isolation=$ISOLATION"
+    "ckpt_path=$checkpoint" logger=none
     eval.limit=8 eval.samples=2 eval.tree_budget=4 "hydra.run.dir=$eval_dir")
   if [ "$DRY" = 1 ]; then
     result DRY eval "${command[*]}; scripts/gpu_check.py eval $eval_dir"
