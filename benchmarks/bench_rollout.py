@@ -233,7 +233,7 @@ def run_vllm(
             f"paths.log_dir={out}/logs", "logger=none", "sandbox.num_workers=2",
             *(f"agents.{a}.generation.backend=vllm" for a in ("tiny_qwen3", "tiny_llama")),
             *(f"+agents.{a}.generation.vllm={engine}" for a in ("tiny_qwen3", "tiny_llama")),
-            *(f"agents.{a}.generation.max_prompt_tokens=1536" for a in ("tiny_qwen3", "tiny_llama")),
+            *(f"++agents.{a}.generation.max_prompt_tokens=1536" for a in ("tiny_qwen3", "tiny_llama")),
         ])  # fmt: skip
         module, datamodule, _, sandbox = build_run(cfg)  # warm-started: answers are programs
         torch.set_num_threads(1)  # as the tiny row: no OpenMP teams spinning against each other
