@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -183,11 +184,24 @@ class DrawnLengths:
         return params
 
     def generate(self, chats: Sequence[Any]) -> list[Any]:
+        if hasattr(self.backend, "submit"):  # a streaming engine: one request, one length each
+            return self._collect(chats)
         self.backend.sampling = [self._params() for _ in chats]
         try:
             return self.backend.generate(chats)
         finally:
             self.backend.sampling = self.base
+
+    def _collect(self, chats: Sequence[Any]) -> list[Any]:
+        arrivals: queue.Queue[tuple[int, Any]] = queue.Queue()
+        self.submit(chats, lambda index, output: arrivals.put((index, output)))
+        results: list[Any] = [None] * len(chats)
+        for _ in chats:
+            index, output = arrivals.get()
+            if isinstance(output, BaseException):
+                raise output
+            results[index] = output
+        return results
 
     def submit(self, chats: Sequence[Any], done: Callable[[int, Any], None]) -> None:
         for index, chat in enumerate(chats):
