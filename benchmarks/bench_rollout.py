@@ -224,7 +224,13 @@ class StepCounter:
 
 
 def run_vllm(
-    trees: int, nodes: int, width: int, seed: int, passes: int, lengths: AnswerLengths
+    trees: int,
+    nodes: int,
+    width: int,
+    seed: int,
+    passes: int,
+    lengths: AnswerLengths,
+    warm_epochs: int | None = None,
 ) -> list[dict[str, dict[str, Any]]]:
     """Rounds vs pipelined on the tiny agents' vLLM engines, `passes` alternating passes each."""
     import torch
@@ -248,6 +254,7 @@ def run_vllm(
             *(f"agents.{a}.generation.backend=vllm" for a in ("tiny_qwen3", "tiny_llama")),
             *(f"+agents.{a}.generation.vllm={engine}" for a in ("tiny_qwen3", "tiny_llama")),
             *(f"++agents.{a}.generation.max_prompt_tokens=1536" for a in ("tiny_qwen3", "tiny_llama")),
+            *([] if warm_epochs is None else [f"warm_start.epochs={warm_epochs}"]),
         ])  # fmt: skip
         module, datamodule, _, sandbox = build_run(cfg)  # warm-started: answers are programs
         torch.set_num_threads(1)  # as the tiny row: no OpenMP teams spinning against each other
@@ -333,6 +340,8 @@ def main() -> None:
     parser.add_argument("--vllm-median", type=float, default=24)
     parser.add_argument("--vllm-sigma", type=float, default=1.0)
     parser.add_argument("--vllm-max", type=int, default=384)
+    parser.add_argument("--vllm-warm-epochs", type=int, default=None,
+                        help="vllm: warm-start epochs (default: the tiny_pair config's)")  # fmt: skip
     args = parser.parse_args()
     simulated = run_simulated(args.trees, args.nodes, args.width, args.seed)
     print_table(
@@ -350,7 +359,7 @@ def main() -> None:
     if args.vllm:
         lengths = AnswerLengths(args.vllm_median, args.vllm_sigma, args.vllm_max)
         passes = run_vllm(args.vllm_trees, args.vllm_nodes, args.width, args.seed, args.passes,
-                          lengths)  # fmt: skip
+                          lengths, args.vllm_warm_epochs)  # fmt: skip
         print_vllm(passes, args.vllm_trees, args.vllm_nodes, lengths)
 
 

@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from mars2.generation.base import Completion, DoneCallback, Messages
 from mars2.generation.vllm_backend import SharedBaseLoRAGenerator, VLLMGenerator, _completion
 
@@ -83,7 +85,12 @@ class EngineLoop:
             self._queued.extend(requests)
             self._outstanding += len(requests)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="mars2-vllm", daemon=True)
+                # The engines step in the caller's torch thread count (vLLM's CPU attention
+                # checks that each step runs with the thread count it was planned for).
+                threads = torch.get_num_threads()
+                self._thread = threading.Thread(
+                    target=self._run, args=(threads,), name="mars2-vllm", daemon=True
+                )
                 self._thread.start()
 
     @contextlib.contextmanager
@@ -115,7 +122,9 @@ class EngineLoop:
             self._cancel = True
         thread.join()
 
-    def _run(self) -> None:
+    def _run(self, threads: int) -> None:
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
         while True:
             with self._lock:
                 if self._cancel:
