@@ -171,7 +171,8 @@ def test_release_cancels_what_a_failed_rollout_left_in_flight(tiny_models_dir: P
         generator = build_generators({agent.name: agent}, pool, streaming=True)[agent.name]
         done = Collector()
         done.hold.clear()
-        _submit_lengths(generator, [1, 50, 60], done)
+        # The long ones first: they are in the engine before the short one can finish.
+        _submit_lengths(generator, [50, 60, 1], done)
         while not done.arrived:
             pass
         releasing = threading.Thread(target=generator.release)
