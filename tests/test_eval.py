@@ -29,7 +29,8 @@ from mars2.eval.runner import (
     summarise_tree,
 )
 from mars2.eval.tree_view import plot_training_overview, render_tree_html, write_tree_pages
-from mars2.generation.oracle import OracleGenerator, reference_solution
+from mars2.eval.run import answer_key
+from mars2.generation.reference import ReferenceGenerator, reference_solution
 from mars2.sandbox.base import Verdict
 from mars2.sandbox.grader import Grade, Grader, TestFeedback
 from mars2.search.runner import SearchConfig
@@ -66,20 +67,31 @@ def test_pass_at_k_matches_brute_force(n: int, data) -> None:
     assert pass_at_k(n, c, k) == pytest.approx(brute_force_pass_at_k(n, c, k))
 
 
-class _Flaky(OracleGenerator):
+class _Flaky(ReferenceGenerator):
     """Right on every other call per problem: known, nonzero pass counts."""
 
     def __init__(self, problems) -> None:
         self.calls: dict[str, int] = {}
-        super().__init__(problems, self._answer)
+        super().__init__(answer_key(problems))
 
-    def _answer(self, problem) -> str:
-        count = self.calls[problem.id] = self.calls.get(problem.id, 0) + 1
+    def answer(self, problem_id: str) -> str:
+        count = self.calls[problem_id] = self.calls.get(problem_id, 0) + 1
         return (
-            reference_solution(problem)
-            if count % 2 == 1 or problem.id.endswith("0")
+            super().answer(problem_id)
+            if count % 2 == 1 or problem_id.endswith("0")
             else "def nothing(): pass"
         )
+
+
+class _Broken(ReferenceGenerator):
+    """Answers every problem with its bare prompt: a function that returns None."""
+
+    def __init__(self, problems) -> None:
+        super().__init__(answer_key(problems))
+        self.statements = {p.id: p.statement for p in problems}
+
+    def answer(self, problem_id: str) -> str:
+        return self.statements[problem_id] + "    return None\n"
 
 
 def test_sampling_summary_matches_brute_force_counts(sandbox, tmp_path: Path) -> None:
@@ -103,21 +115,15 @@ def test_oracle_scores_one_and_broken_scores_zero_on_humaneval(tmp_path: Path) -
     with LocalSandbox(per_test_timeout=3.0, job_timeout=10.0) as box:
         grader = Grader(box)
         good, bad = ResultStore(tmp_path / "good.jsonl"), ResultStore(tmp_path / "bad.jsonl")
-        evaluate_sampling(problems, OracleGenerator(problems), grader, 1, good)
-        evaluate_sampling(
-            problems,
-            OracleGenerator(problems, lambda p: p.statement + "    return None\n"),
-            grader,
-            1,
-            bad,
-        )
+        evaluate_sampling(problems, ReferenceGenerator(answer_key(problems)), grader, 1, good)
+        evaluate_sampling(problems, _Broken(problems), grader, 1, bad)
     assert summarise_sampling("oracle", list(good.rows.values())).metrics["pass@1"] == 1.0
     assert summarise_sampling("broken", list(bad.rows.values())).metrics["pass@1"] == 0.0
 
 
-class _Counting(OracleGenerator):
+class _Counting(ReferenceGenerator):
     def __init__(self, problems) -> None:
-        super().__init__(problems)
+        super().__init__(answer_key(problems))
         self.prompts = 0
 
     def generate(self, chats):

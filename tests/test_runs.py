@@ -198,8 +198,83 @@ def test_run_folder_choice(tmp_path: Path) -> None:
     assert choose_run_dir("eval", ckpt, False, str(root), fresh) == fresh  # eval gets its own
     with pytest.raises(RunFolderError, match="no such checkpoint"):
         choose_run_dir("train", str(run / "nope.ckpt"), False, str(root), fresh)
-    with pytest.raises(RunFolderError, match="found no run with a checkpoint"):
+    with pytest.raises(RunFolderError, match="found no run under"):
         choose_run_dir("train", None, True, str(tmp_path / "empty"), fresh)
+
+
+def test_train_resume_takes_the_newest_run_even_without_a_checkpoint(tmp_path: Path) -> None:
+    """Stopped before its first checkpoint, the newest run is resumed (from step 0, in its own
+    folder), never an older finished one."""
+    from omegaconf import OmegaConf
+
+    from mars2.utils.runs import resolve_checkpoint
+
+    root = tmp_path / "runs"
+    finished = root / "2026-01-01_00-00-00"
+    (finished / "checkpoints").mkdir(parents=True)
+    (finished / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    os.utime(finished / "checkpoints" / "last.ckpt", (1_000_000, 1_000_000))
+    os.utime(finished, (1_000_000, 1_000_000))
+    interrupted = root / "2026-01-02_00-00-00"
+    (interrupted / ".hydra").mkdir(parents=True)
+    (interrupted / ".hydra" / "config.yaml").write_text("{}")
+    (interrupted / "trees").mkdir()
+    chosen = choose_run_dir("train", None, True, str(root), str(root / "new"))
+    assert chosen == str(interrupted)
+    cfg = OmegaConf.create({"resume": True, "ckpt_path": None, "paths": {"output_dir": chosen}})
+    assert resolve_checkpoint(cfg) is None  # restarts from step 0 rather than failing
+
+
+def test_eval_resume_only_reuses_a_run_with_the_same_record(tmp_path: Path) -> None:
+    from mars2.utils.runs import eval_record, write_record
+
+    root = tmp_path / "logs" / "eval" / "runs" / "default"
+    first_cfg = _compose("eval", tmp_path, "eval.samples=1", "eval.limit=2")
+    first = root / "2026-01-01_00-00-00"
+    (first / "results").mkdir(parents=True)
+    (first / "results" / "a_sampling.jsonl").write_text('{"problem_id": "x"}\n')
+    write_record(first, eval_record(first_cfg))
+    fresh = str(root / "2026-01-02_00-00-00")
+    same = _compose("eval", tmp_path, "eval.samples=1", "eval.limit=2")
+    assert choose_run_dir("eval", None, True, str(root), fresh, same) == str(first)
+    other = _compose("eval", tmp_path, "eval.samples=2", "eval.limit=3")
+    assert choose_run_dir("eval", None, True, str(root), fresh, other) == fresh  # nothing reused
+    with pytest.raises(RunFolderError) as caught:
+        choose_run_dir("eval", None, str(first), str(root), fresh, other)
+    text = _one_paragraph(caught.value)
+    assert "eval.samples (1 -> 2)" in text and "eval.limit (2 -> 3)" in text
+    # Other weights are other settings: the record holds the checkpoint's fingerprint.
+    ckpt = tmp_path / "last.ckpt"
+    ckpt.write_bytes(b"weights one")
+    with_ckpt = eval_record(_compose("eval", tmp_path, f"ckpt_path={ckpt}"))
+    ckpt.write_bytes(b"weights two")
+    assert with_ckpt != eval_record(_compose("eval", tmp_path, f"ckpt_path={ckpt}"))
+
+
+def test_a_folder_of_rows_without_a_record_is_not_resumed(tmp_path: Path) -> None:
+    from mars2.utils.runs import check_eval_folder
+
+    old = tmp_path / "old"
+    (old / "results").mkdir(parents=True)
+    (old / "results" / "team_tree.jsonl").write_text('{"problem_id": "x"}\n')
+    with pytest.raises(RunFolderError, match="no eval_record.json"):
+        check_eval_folder(old, {"seed": "1"}, "resume")
+    check_eval_folder(tmp_path / "empty", {"seed": "1"}, "resume")  # nothing to mix: fine
+
+
+def test_last_checkpoint_holds_the_final_step_between_intervals(tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoints"
+    checkpoint = AtomicModelCheckpoint(
+        dirpath=folder, filename="step_{step:06d}", every_n_train_steps=5, save_last=True,
+        save_top_k=-1, auto_insert_metric_name=False,
+    )  # fmt: skip
+    trainer = pl.Trainer(
+        max_steps=6, callbacks=[checkpoint], logger=False, enable_progress_bar=False,
+        enable_model_summary=False, accelerator="cpu", default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(_Linear())
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", "step_000005.ckpt"]
+    assert torch.load(folder / "last.ckpt", weights_only=False)["global_step"] == 6
 
 
 def test_metric_names_are_mlflow_safe() -> None:
@@ -232,8 +307,8 @@ def test_missing_data_names_the_path_and_how_to_get_it(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         validate_eval_config(cfg)
     text = _one_paragraph(caught.value)
-    assert f"{tmp_path}/data/livecodebench/test6.jsonl" in text
-    assert "data.eval.path" in text and "Download" in text
+    assert f"{tmp_path}/data/livecodebench/release_v6.jsonl" in text
+    assert "data.eval.path" in text and "mars2-data livecodebench" in text
 
 
 def _lcb_row(qid: str, day: str) -> str:
@@ -245,13 +320,12 @@ def _lcb_row(qid: str, day: str) -> str:
 
 
 def test_empty_eval_window_names_source_and_filter(tmp_path: Path) -> None:
-    data = tmp_path / "data" / "livecodebench" / "test6.jsonl"
+    data = tmp_path / "data" / "livecodebench" / "release_v6.jsonl"
     data.parent.mkdir(parents=True)
     data.write_text(_lcb_row("a", "2024-03-01T00:00:00") + "\n")
     cfg = _compose("eval", tmp_path, "data=livecodebench")
-    validate_eval_config(cfg)
     with pytest.raises(ConfigError) as caught:
-        load_problem_set(cfg, "eval")
+        validate_eval_config(cfg)  # loads the problems: an empty selection stops here
     text = _one_paragraph(caught.value)
     assert "load_livecodebench" in text and "start_date=2025-01" in text
     assert "selected no problems" in text
@@ -273,21 +347,42 @@ def test_empty_training_set_names_the_source(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("override", "setting"),
+    ("override", "named"),
     [
-        ("agents.tiny_qwen3.generation.max_new_tokens=0", "generation.max_new_tokens=0"),
-        ("agents.tiny_llama.generation.temperature=0", "generation.temperature=0"),
-        ("agents.tiny_qwen3.generation.top_p=1.5", "generation.top_p=1.5"),
-        ("agents.tiny_qwen3.loss.eps_low=-0.1", "loss.eps_low=-0.1"),
+        ("agents.tiny_qwen3.generation.max_new_tokens=0",
+         "agents.tiny_qwen3.generation (max_new_tokens=0)"),
+        ("agents.tiny_llama.generation.temperature=0", "agents.tiny_llama.generation (temperature=0)"),
+        ("agents.tiny_qwen3.generation.top_p=1.5", "agents.tiny_qwen3.generation (top_p=1.5)"),
+        ("agents.tiny_qwen3.loss.eps_low=-0.1", "agents.tiny_qwen3.loss (beta=0.0, eps_low=-0.1"),
         ("steps=0", "steps=0"),
-        ("search.config.max_nodes=0", "search.config.max_nodes=0"),
+        ("search.config.max_nodes=0", "search.config (max_nodes=0"),
+        # Ranges that only the dataclasses state (validation never restated them):
+        ("agents.tiny_qwen3.optim.ppo_epochs=0", "agents.tiny_qwen3.optim (ppo_epochs=0"),
+        ("search.config.policy.prior.alpha=0", "search.config.policy.prior (kind=beta, alpha=0,"),
+        ("search.config.policy.max_depth=0", "search.config.policy (max_depth=0)"),
+        ("problems_per_step=0", "problems_per_step must be >= 1"),
     ],
-)
-def test_out_of_range_settings_are_refused(tmp_path: Path, override: str, setting: str) -> None:
+)  # fmt: skip
+def test_out_of_range_settings_are_refused(tmp_path: Path, override: str, named: str) -> None:
     cfg = _compose("train", tmp_path, override)
     with pytest.raises(ConfigError) as caught:
         validate_train_config(cfg)
-    assert setting in _one_paragraph(caught.value)
+    assert named in _one_paragraph(caught.value)
+
+
+def test_ranges_are_stated_once_in_the_dataclasses() -> None:
+    """validation.py builds the settings dataclasses instead of restating their ranges."""
+    source = (REPO / "src/mars2/utils/validation.py").read_text()
+    for restated in ("eps_low", "top_p", "max_new_tokens", "tis_cap", "tree_budget"):
+        assert restated not in source
+
+
+def test_eval_settings_are_checked_by_their_dataclass(tmp_path: Path) -> None:
+    for override, named in (("eval.samples=0", "eval (samples=0)"),
+                            ("eval.temperature=0", "eval (temperature=0")):  # fmt: skip
+        with pytest.raises(ConfigError) as caught:
+            validate_eval_config(_compose("eval", tmp_path, override))
+        assert named in _one_paragraph(caught.value)
 
 
 def test_unwritable_run_folder_names_the_path_and_setting(tmp_path: Path) -> None:

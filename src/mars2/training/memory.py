@@ -2,6 +2,10 @@
 
 python -m mars2.training.memory experiment=areal14b_pair trainer=fsdp memory.gpu=h100
 python -m mars2.training.memory --table      # every shipped experiment (the README table)
+
+Arguments are the training command's Hydra overrides; memory.gpu (h200, h100, a100 or GiB),
+memory.gpus_per_node and memory.prompt_tokens set what the dry run assumes. Exit status: 0 when
+the estimate fits, 1 when it does not or the overrides cannot be composed.
 """
 
 from __future__ import annotations
@@ -224,11 +228,25 @@ def table(gpus: tuple[str, ...] = ("h200", "h100")) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Print the estimate of the overrides' config (or the table); errors are one paragraph."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["--table"]:
-        print(table())
+    if any(a in ("-h", "--help") for a in args):
+        print(__doc__)
         return 0
-    est = estimate_config(compose(args))
+    try:
+        if args[:1] == ["--table"]:
+            print(table())
+            return 0
+        est = estimate_config(compose(args))
+    except (HydraException, OmegaConfBaseException, ValueError, KeyError) as error:
+        text = str(error).strip().split("Config search path")[0]  # Hydra appends its search path
+        text = " ".join(line.strip() for line in text.splitlines() if line.strip())
+        text = text or type(error).__name__
+        print(f"Error: {text} (python -m mars2.training.memory --help)", file=sys.stderr)
+        return 1
     print(est.report())
     if not est.fits:
         print("\n" + est.refusal())

@@ -147,6 +147,14 @@ class RunTracker(MLFlowLogger):
         super().finalize(status)
 
 
+def tracker_lines(logger: Any) -> list[str]:
+    """Where a run's MLflow record is, for the list of what a command wrote."""
+    if not isinstance(logger, MLFlowLogger) or not getattr(logger, "_initialized", False):
+        return []
+    uri = getattr(logger, "_tracking_uri", None) or "the default tracking URI"
+    return [f"  {'MLflow':<12} run {logger.run_id} in {uri} (mlflow ui --backend-store-uri {uri})"]
+
+
 def mark_stale_runs(client: Any, experiment_id: str | None, keep: str | None = None) -> list[str]:
     """Mark `KILLED` the runs of this experiment left `RUNNING` by a process of this machine that
     no longer exists; returns their ids."""
