@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from mars2.data.humaneval import load_humaneval
 from mars2.data.toy import toy_problems
 from mars2.eval.passk import pass_at_k
+from mars2.eval.run import answer_key
 from mars2.eval.runner import (
     ResultStore,
     best_public_node,
@@ -29,7 +30,6 @@ from mars2.eval.runner import (
     summarise_tree,
 )
 from mars2.eval.tree_view import plot_training_overview, render_tree_html, write_tree_pages
-from mars2.eval.run import answer_key
 from mars2.generation.reference import ReferenceGenerator, reference_solution
 from mars2.sandbox.base import Verdict
 from mars2.sandbox.grader import Grade, Grader, TestFeedback
@@ -190,6 +190,30 @@ def test_tree_page_is_self_contained_and_lists_every_node(tmp_path: Path) -> Non
     assert not re.search(r'(src|href)="', page)  # no external assets: scripts and styles are inline
     paths = write_tree_pages([_small_tree()], tmp_path)
     assert paths[0].read_text() == page
+
+
+def test_tree_page_opens_on_the_best_node_and_scales_to_fit() -> None:
+    problem = toy_problems()[0]
+    tree = SearchTree.new(problem)
+    for index in range(16):  # 16 depth-1 nodes: a fixed-size SVG overflowed the left half
+        passing = index == 11
+        tree.add(0, agent="tiny_qwen3" if index % 2 else "tiny_llama", reward=float(passing),
+                 grade=Grade(code="print(1)", public=[_feedback(PASS if passing else FAIL)]))  # fmt: skip
+    page = render_tree_html(tree)
+    svg = re.search(r"<svg [^>]*>", page)
+    assert svg is not None and 'width="100%"' in svg.group(0) and "viewBox=" in svg.group(0)
+    assert not re.search(r'<svg[^>]* width="\d+"', page)  # no fixed pixel width
+    assert 'show("12");' in page  # node 12 (the 12th answer) is the one that passes
+    assert page.count("stroke-dasharray") == 1  # and it is marked
+
+
+def test_training_overview_steps_are_whole_numbers() -> None:
+    from mars2.eval.tree_view import overview_figure
+
+    figure = overview_figure({0: [_small_tree()], 1: [_small_tree()], 2: [_small_tree()]})
+    for axis in figure.axes:
+        ticks = axis.get_xticks()
+        assert len(ticks) and all(float(t).is_integer() for t in ticks), ticks
 
 
 def test_training_overview_plot(tmp_path: Path) -> None:

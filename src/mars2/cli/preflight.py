@@ -18,6 +18,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import re
+from pathlib import Path
 from typing import Any
 
 import hydra
@@ -29,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from mars2.cli.errors import CommandLineError
-from mars2.utils.runs import RunFolderError
+from mars2.utils.runs import RunFolderError, check_eval_folder, eval_record
 
 CONFIG_MODULE = "mars2.configs"
 # Our groups whose settings are fixed by a class (or, without a `_target_`, by the yaml itself).
@@ -72,7 +73,7 @@ def preflight(task: str, argv: list[str]) -> None:
         check_additions(task, overrides)
         if "--cfg" in flags or "-c" in flags:
             return  # prints the config only: no folder, no run
-        run_dir(cfg)
+        folder = run_dir(cfg)
         if task == "train":
             from mars2.training.run import check_train
 
@@ -81,6 +82,8 @@ def preflight(task: str, argv: list[str]) -> None:
             from mars2.eval.run import check_eval
 
             check_eval(cfg)
+            if Path(folder).is_dir():  # hydra.run.dir=<an earlier evaluation>: same settings only
+                check_eval_folder(folder, eval_record(cfg), "hydra.run.dir")
 
 
 def _compose(task: str, overrides: list[str]) -> DictConfig:

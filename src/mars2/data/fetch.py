@@ -66,10 +66,10 @@ def deepcoder_label(subset: str, tests: Any, metadata: dict[str, Any]) -> dict[s
     """The ``label`` of `load_deepcoder` from one DeepCoder row's ``tests`` (decoded JSON)."""
     if isinstance(tests, dict):  # taco: {"inputs": [...], "outputs": [...], "fn_name"?}
         fn_name = tests.get("fn_name") or None
-        outputs = list(tests.get("outputs") or [])
+        expected = list(tests.get("outputs") or [])
         return {
             "inputs": list(tests.get("inputs") or []),
-            "outputs": [_unwrap(o) for o in outputs] if fn_name else outputs,
+            "outputs": [_unwrap(o) for o in expected] if fn_name else expected,
             "fn_name": fn_name,
         }
     if not isinstance(tests, list) or not tests:
@@ -77,7 +77,8 @@ def deepcoder_label(subset: str, tests: Any, metadata: dict[str, Any]) -> dict[s
     fn_name = metadata.get("func_name") or next(
         (t.get("fn_name") for t in tests if isinstance(t, dict) and t.get("fn_name")), None
     )
-    inputs, outputs = [], []
+    inputs: list[Any] = []
+    outputs: list[Any] = []
     for test in tests:
         kind = test.get("testtype") or test.get("type") or "stdin"
         if kind == "functional":  # lcbv5: JSON lines in, JSON out

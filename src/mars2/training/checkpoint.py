@@ -70,7 +70,8 @@ def _as_at_step_end(trainer: pl.Trainer) -> bool:
     (Lightning 2.x); says False when it is not as expected."""
     try:
         loop = trainer.fit_loop.epoch_loop
-        total, current = loop.batch_progress.total, loop.batch_progress.current
+        total: Any = loop.batch_progress.total
+        current: Any = loop.batch_progress.current
         shift = total.completed - trainer.global_step
         if shift not in (0, -1):
             return False

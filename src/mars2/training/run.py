@@ -102,8 +102,8 @@ def build_rollout(cfg: DictConfig, grader: Any) -> RolloutEngine:
 def build_run(cfg: DictConfig) -> tuple[Any, TreeSearchDataModule, pl.Trainer, Any]:
     """(team module, datamodule, trainer, sandbox) for a training config."""
     pl.seed_everything(cfg.seed, workers=True)
-    logger = build_logger(cfg)
     agents = build_agents(cfg)
+    logger = build_logger(cfg)  # after the models load: a bad model path leaves no MLflow run
     if cfg.get("warm_start") and not cfg.get("ckpt_path"):  # a checkpoint brings trained weights
         run_warm_start(cfg, agents, logger)
     module: Any = MultiAgentModule(agents)

@@ -111,9 +111,9 @@ def _targets(node: Any, path: str) -> list[tuple[str, DictConfig]]:
     that holds the bad value, not its parent)."""
     if not isinstance(node, DictConfig):
         return []
-    found = []
+    found: list[tuple[str, DictConfig]] = []
     for key in node:
-        found += _targets(node.get(key), f"{path}.{key}")
+        found += _targets(node.get(key), f"{path}.{str(key)}")
     if "_target_" in node:
         found.append((path, node))
     return found
