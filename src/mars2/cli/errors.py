@@ -56,22 +56,24 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
 def fail(message: str) -> NoReturn:
     """Print `message` as the command's error and exit with status 1."""
-    text = message.strip()
-    if "\n" in text and not text.startswith(("|", " ")):  # a wrapped sentence, not a table
-        text = " ".join(line.strip() for line in text.splitlines() if line.strip())
-    print(f"Error: {text}", file=sys.stderr, flush=True)
+    print(f"Error: {message.strip()}", file=sys.stderr, flush=True)
     raise SystemExit(1)
 
 
+# What a command writes into its run folder before it has any result.
+_BOOKKEEPING = {".hydra", "eval_record.json"}
+
+
 def remove_if_unused(run_dir: str | Path | None) -> None:
-    """Delete a run folder that holds nothing but Hydra's own files (its config and log)."""
+    """Delete a run folder that holds nothing but bookkeeping (Hydra's config and log, an
+    evaluation's record of its settings)."""
     if run_dir is None:
         return
     folder = Path(run_dir)
     if not folder.is_dir():
         return
     entries = list(folder.iterdir())
-    if all(e.name == ".hydra" or (e.is_file() and e.suffix == ".log") for e in entries):
+    if all(e.name in _BOOKKEEPING or (e.is_file() and e.suffix == ".log") for e in entries):
         shutil.rmtree(folder, ignore_errors=True)
 
 

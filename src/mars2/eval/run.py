@@ -118,20 +118,25 @@ def evaluate(cfg: DictConfig) -> list[Summary]:
         log.info("%s", why if found is None else f"resume=true: continuing {out} (same settings)")
     write_record(out, record)
     settings: EvalSettings = hydra.utils.instantiate(cfg.eval)
-    logger = builders.build_logger(cfg)
-    if logger:
-        logger.log_hyperparams(builders.flat_params(cfg))
-    with tracked(logger):
-        summaries = _evaluate(cfg, problems, out, settings)
-        print(table(summaries, caption(cfg, settings, len(problems))), flush=True)
-        files = write_reports(summaries, out)
-        team_trees = sorted((out / "trees" / "team").glob("*.jsonl")) or sorted(
-            (out / "trees").glob("*/*.jsonl")
-        )
-        trees = [t for path in team_trees[:8] for t in load_trees(path)]
-        pages = write_tree_pages(trees, out / "tree_pages")
+    pool = EnginePool()  # the vLLM engines of this evaluation, closed at the end
+    try:
+        generators = _generators(cfg, problems, settings, pool)  # models load before MLflow starts
+        logger = builders.build_logger(cfg)
         if logger:
-            log_to_mlflow(summaries, logger, [*files.values(), *pages])
+            logger.log_hyperparams(builders.flat_params(cfg))
+        with tracked(logger):
+            summaries = _evaluate(cfg, problems, out, settings, generators)
+            print(table(summaries, caption(cfg, settings, len(problems))), flush=True)
+            files = write_reports(summaries, out)
+            team_trees = sorted((out / "trees" / "team").glob("*.jsonl")) or sorted(
+                (out / "trees").glob("*/*.jsonl")
+            )
+            trees = [t for path in team_trees[:8] for t in load_trees(path)]
+            pages = write_tree_pages(trees, out / "tree_pages")
+            if logger:
+                log_to_mlflow(summaries, logger, [*files.values(), *pages])
+    finally:
+        pool.close()
     lines = [f"  {'results':<12} {out / 'results'}  (one row per problem and setting)"]
     lines += [f"  {label:<12} {path}" for label, path in files.items()]
     if pages:
@@ -151,14 +156,21 @@ def caption(cfg: DictConfig, settings: EvalSettings, problems: int) -> str:
     )
 
 
-def _evaluate(
-    cfg: DictConfig, problems: list[Any], out: Path, settings: EvalSettings
-) -> list[Summary]:
-    pool = EnginePool()  # the vLLM engines of this evaluation, closed at the end
+def _generators(
+    cfg: DictConfig, problems: list[Any], settings: EvalSettings, pool: EnginePool
+) -> dict[str, Any]:
     if uses_reference(cfg):
-        generators = reference_generators(cfg, problems)
-    else:
-        generators = eval_generators(load_team(cfg), settings.temperature, pool)
+        return reference_generators(cfg, problems)
+    return eval_generators(load_team(cfg), settings.temperature, pool)
+
+
+def _evaluate(
+    cfg: DictConfig,
+    problems: list[Any],
+    out: Path,
+    settings: EvalSettings,
+    generators: dict[str, Any],
+) -> list[Summary]:
     base: SearchConfig = hydra.utils.instantiate(cfg.search.config, _convert_="all")
     search_config = SearchConfig(
         mode="tree",
@@ -176,4 +188,3 @@ def _evaluate(
         )  # fmt: skip
     finally:
         sandbox.close()
-        pool.close()

@@ -113,7 +113,7 @@ def _targets(node: Any, path: str) -> list[tuple[str, DictConfig]]:
         return []
     found: list[tuple[str, DictConfig]] = []
     for key in node:
-        found += _targets(node.get(key), f"{path}.{str(key)}")
+        found += _targets(node.get(key), f"{path}.{key!s}")
     if "_target_" in node:
         found.append((path, node))
     return found
