@@ -1,4 +1,5 @@
-"""Console entry points (`mars2-train`, `mars2-eval`); Hydra reads configs from `mars2.configs`.
+"""Console entry points (`mars2-train`, `mars2-eval`, `mars2-data`); Hydra reads configs from
+`mars2.configs`.
 
 The configs ship inside the package (``pkg://mars2.configs``, the repository's ``configs/``), so
 the scripts work from any directory and from a wheel. Add your own config directories with

@@ -144,6 +144,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
     finally:
         sandbox.close()
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    if cfg.get("ckpt_path") and datamodule.last is None:  # resumed a run that had finished
+        log.info(
+            "nothing to train: %s already holds step %d of trainer.max_steps=%s; raise steps "
+            "(or trainer.max_steps) to continue it",
+            cfg.ckpt_path, trainer.global_step, trainer.max_steps,
+        )  # fmt: skip
     log.info(
         "finished at step %d: %s",
         trainer.global_step,
