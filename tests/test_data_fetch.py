@@ -19,7 +19,7 @@ import pytest
 
 from mars2.data.fetch import FetchError, lcb_files, write_deepcoder, write_livecodebench
 from mars2.data.loaders import load_livecodebench
-from mars2.sandbox.grader import Grader
+from mars2.sandbox.verdict.grader import Grader
 
 
 def _lcb_row(qid: str, date: str, platform: str, difficulty: str, func: str | None = None) -> dict:

@@ -80,6 +80,20 @@ def _epochs(name: str, show: Callable[[float], None], logger: Any) -> Callable[[
     return on_epoch
 
 
+def warm_start_needed(cfg: DictConfig) -> bool:
+    """Whether the run warms its agents up first: a fresh run with ``warm_start`` set, or a resumed
+    one whose KL reference (full fine-tuning with β > 0, never checkpointed) is the warm-started
+    policy; the seeded warm start rebuilds it and the checkpoint then brings the trained policy."""
+    if not cfg.get("warm_start"):
+        return False
+    if not cfg.get("ckpt_path"):
+        return True
+    return any(
+        float(agent.loss.get("beta", 0.0)) > 0 and agent.model.get("lora") is None
+        for agent in cfg.agents.values()
+    )
+
+
 def build_rollout(cfg: DictConfig, grader: Any) -> RolloutEngine:
     """The rollout engine of ``cfg.rollout``: its schedule over ``data.train``, the search, the
     grader and the advantage settings."""
@@ -104,7 +118,7 @@ def build_run(cfg: DictConfig) -> tuple[Any, TreeSearchDataModule, pl.Trainer, A
     pl.seed_everything(cfg.seed, workers=True)
     agents = build_agents(cfg)
     logger = build_logger(cfg)  # after the models load: a bad model path leaves no MLflow run
-    if cfg.get("warm_start") and not cfg.get("ckpt_path"):  # a checkpoint brings trained weights
+    if warm_start_needed(cfg):
         run_warm_start(cfg, agents, logger)
     module: Any = MultiAgentModule(agents)
     sandbox = build_sandbox(cfg)
