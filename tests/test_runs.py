@@ -347,6 +347,49 @@ def test_last_checkpoint_holds_the_final_step_between_intervals(tmp_path: Path) 
     assert torch.load(folder / "last.ckpt", weights_only=False)["global_step"] == 6
 
 
+class _TermedAt(_Linear):
+    """Sends itself SIGTERM during one step, as a cluster's scheduler does."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        self.step = step
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        if self.trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().training_step(batch, batch_idx)
+
+
+def test_sigterm_between_intervals_finishes_the_step_and_checkpoints_it(tmp_path: Path) -> None:
+    """SIGTERM during step 3 (checkpoints every 5): Lightning finishes the step, last.ckpt holds
+    step 3 (not nothing), and a resume from it goes on to the end."""
+    folder = tmp_path / "checkpoints"
+
+    def trainer() -> pl.Trainer:
+        checkpoint = AtomicModelCheckpoint(
+            dirpath=folder, filename="step_{step:06d}", every_n_train_steps=5, save_last=True,
+            save_top_k=-1, auto_insert_metric_name=False,
+        )  # fmt: skip
+        return pl.Trainer(
+            max_steps=7, callbacks=[checkpoint], logger=False, enable_progress_bar=False,
+            enable_model_summary=False, accelerator="cpu", default_root_dir=tmp_path,
+        )  # fmt: skip
+
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit):
+            trainer().fit(_TermedAt(2))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt"]
+    assert torch.load(folder / "last.ckpt", weights_only=False)["global_step"] == 3
+    resumed = trainer()
+    resumed.fit(_Linear(), ckpt_path=str(folder / "last.ckpt"))
+    assert resumed.global_step == 7
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", "step_000005.ckpt"]
+    assert torch.load(folder / "last.ckpt", weights_only=False)["global_step"] == 7
+
+
 def test_metric_names_are_mlflow_safe() -> None:
     assert metric_key("team+tree/pass@1(mcts)") == "team_tree/pass_at_1_mcts"
     assert metric_key("heldout/tiny_qwen3/pass@1") == "heldout/tiny_qwen3/pass_at_1"

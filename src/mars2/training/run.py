@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import signal
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -151,9 +152,14 @@ def train(cfg: DictConfig) -> dict[str, float]:
     module, datamodule, trainer, sandbox = build_run(cfg)
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
-    except SystemExit:  # Lightning ends a Ctrl-C this way, after its callbacks saved what they can
+    except SystemExit as stop:  # Ctrl-C and SIGTERM end here, after the callbacks saved the step
         print(f"Stopped at step {trainer.global_step}. {written(out, trainer)}", flush=True)
         print("Continue this run with resume=true (the newest run of the experiment).", flush=True)
+        if stop.code in (
+            None,
+            0,
+        ):  # Lightning's SIGTERMException exits 0: a stopped run is not done
+            raise SystemExit(128 + signal.SIGTERM) from stop
         raise
     finally:
         sandbox.close()

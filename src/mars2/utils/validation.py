@@ -205,7 +205,7 @@ def validate_train_config(cfg: DictConfig) -> None:
             hydra.utils.instantiate(schedule, problems=problems)
         except (InstantiationException, ValueError) as error:
             raise ConfigError(f"rollout.schedule: {_cause(error)}.") from error
-    if cfg.get("warm_start") and not cfg.get("ckpt_path") and not cfg.get("resume"):
+    if cfg.get("warm_start"):  # a resumed run may warm-start again (its KL reference, or step 0)
         load_problem_set(cfg, "warm_start")
 
 
