@@ -128,3 +128,13 @@ def test_mars2_data_refuses_clearly_without_network(tmp_path: Path) -> None:
         assert len(result.stderr.strip().splitlines()) == 1
         assert "needs network access" in result.stderr
     assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+def test_data_dir_goes_before_or_after_the_dataset() -> None:
+    from mars2.cli.data import _parser
+
+    parser = _parser()
+    for argv in (["--data-dir", "d", "livecodebench"], ["livecodebench", "--data-dir", "d"],
+                 ["deepcoder", "--split", "test", "--data-dir", "d"]):  # fmt: skip
+        assert parser.parse_args(argv).data_dir == Path("d"), argv
+    assert parser.parse_args(["livecodebench"]).data_dir is None

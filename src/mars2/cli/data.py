@@ -20,13 +20,15 @@ def _parser() -> argparse.ArgumentParser:
         description="Fetch a public dataset from the Hugging Face hub (needs network) and write "
         "it where the data configs read it; prints counts per platform and difficulty.",
     )
-    parser.add_argument(
-        "--data-dir", type=Path, default=None,
-        help="where to write (default: paths.data_dir, i.e. $MARS2_ROOT/data or ./data)",
-    )  # fmt: skip
+    where = "where to write (default: paths.data_dir, i.e. $MARS2_ROOT/data or ./data)"
+    parser.add_argument("--data-dir", type=Path, default=None, help=where)
+    # Also after the dataset's name (SUPPRESS: an absent one keeps the value given before it).
+    after = argparse.ArgumentParser(add_help=False)
+    after.add_argument("--data-dir", type=Path, default=argparse.SUPPRESS, help=where)
     sub = parser.add_subparsers(dest="dataset", required=True)
     lcb = sub.add_parser(
         "livecodebench",
+        parents=[after],
         help="LiveCodeBench code generation -> livecodebench/release_vN.jsonl (data=livecodebench)",
     )
     lcb.add_argument(
@@ -34,7 +36,9 @@ def _parser() -> argparse.ArgumentParser:
         help=f"v1 ... v{LCB_RELEASES}: every problem up to that release (default v{LCB_RELEASES})",
     )  # fmt: skip
     deep = sub.add_parser(
-        "deepcoder", help="DeepCoder-Preview -> deepcoder/<split>.jsonl (data=deepcoder training)"
+        "deepcoder",
+        parents=[after],
+        help="DeepCoder-Preview -> deepcoder/<split>.jsonl (data=deepcoder training)",
     )
     deep.add_argument(
         "--subsets", default=",".join(DEEPCODER_TRAIN),
