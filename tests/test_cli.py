@@ -248,3 +248,9 @@ def test_tree_viewer_screenshot_without_chromium_ends_cleanly(tmp_path: Path) ->
     assert "Chromium" in result.stderr and list((tmp_path / "trees").glob("*.html"))
     missing = _run([sys.executable, str(REPO / "scripts/view_tree.py"), "nope.jsonl"], tmp_path)
     assert missing.returncode == 1 and "no such trees file" in missing.stderr
+    helped = _run([sys.executable, str(REPO / "scripts/view_tree.py"), "--help"], tmp_path)
+    assert (
+        helped.returncode == 0
+        and "--screenshot" in helped.stdout
+        and "best answer" in helped.stdout
+    )

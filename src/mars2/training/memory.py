@@ -160,12 +160,13 @@ def _visible_count() -> int | None:
 def estimate_config(cfg: DictConfig) -> MemoryEstimate:
     """The per-GPU estimate of a composed training config."""
     settings = _settings(cfg)
+    cluster = cluster_plan(cfg)  # first: a bad memory.gpu is named before any model is sized
     agents = OmegaConf.to_container(cfg.agents, resolve=True)
     assert isinstance(agents, dict)
     mixed = "16-mixed" in str(cfg.trainer.get("precision", ""))
     prompt = int(settings["prompt_tokens"])
     plans = [agent_plan(str(n), a, prompt, mixed) for n, a in agents.items()]
-    return estimate(plans, cluster_plan(cfg))
+    return estimate(plans, cluster)
 
 
 def check_memory(cfg: DictConfig) -> MemoryEstimate | None:
