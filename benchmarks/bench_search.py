@@ -20,7 +20,7 @@ import numpy as np
 
 from mars2.search.policy import PolicyConfig
 from mars2.search.runner import SearchConfig, TreeSearch
-from mars2.search.simulated import SimulatedAgent, SimulatedGrader, simulated_problems
+from mars2.search.simulation.environment import SimulatedAgent, SimulatedGrader, simulated_problems
 
 
 def _team(skills: dict[str, float], seed: int) -> dict[str, SimulatedAgent]:

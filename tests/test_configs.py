@@ -137,7 +137,7 @@ def test_grpo_baselines_do_not_shape(experiment: str) -> None:
 def test_independent_sampling_with_shaping_is_refused() -> None:
     from mars2.rewards.routing import AdvantageConfig
     from mars2.search.runner import SearchConfig, TreeSearch
-    from mars2.search.simulated import SimulatedGrader, simulated_problems
+    from mars2.search.simulation.environment import SimulatedGrader, simulated_problems
     from mars2.training.rollout import ProblemSchedule, RolloutEngine
 
     schedule = ProblemSchedule(simulated_problems(2), per_step=1, seed=0)

@@ -35,7 +35,7 @@ from mars2.sandbox.base import Verdict
 from mars2.sandbox.records import Grade, TestFeedback
 from mars2.sandbox.verdict.grader import Grader
 from mars2.search.runner import SearchConfig
-from mars2.search.simulated import SimulatedAgent, SimulatedGrader, simulated_problems
+from mars2.search.simulation.environment import SimulatedAgent, SimulatedGrader, simulated_problems
 from mars2.search.tree import SearchTree
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,13 +15,13 @@ from hypothesis import strategies as st
 from mars2.data.problem import Problem
 from mars2.generation.base import Completion, DoneCallback, Messages, StreamingGenerator
 from mars2.sandbox.records import Grade
-from mars2.search.latency import AnswerLengths, EngineModel, SandboxModel, VirtualClock
 from mars2.search.pipeline import PipelinedDriver
 from mars2.search.policy import PolicyConfig, ThompsonPolicy
 from mars2.search.prompts import PromptBuilder
 from mars2.search.runner import SearchConfig, TreeSearch
 from mars2.search.services import SANDBOX, Arrival, Usage, Work
-from mars2.search.simulated import SimulatedAgent, SimulatedGrader, simulated_problems
+from mars2.search.simulation.environment import SimulatedAgent, SimulatedGrader, simulated_problems
+from mars2.search.simulation.latency import AnswerLengths, EngineModel, SandboxModel, VirtualClock
 from mars2.search.tree import SearchTree
 from mars2.training.rollout import service_usage
 

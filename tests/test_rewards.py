@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from mars2.rewards.advantages import group_advantages, is_degenerate
 from mars2.rewards.routing import AdvantageConfig, route_samples, tree_samples
 from mars2.rewards.shaping import shape_rewards
-from mars2.search.simulated import simulated_problems
+from mars2.search.simulation.environment import simulated_problems
 from mars2.search.tree import SearchTree
 
 
@@ -181,7 +181,7 @@ def test_overlong_rollouts_keep_search_statistics_in_the_unit_interval() -> None
     from mars2.rewards.overlong import OverlongPenalty
     from mars2.search.policy import AgentStatistics, PolicyConfig
     from mars2.search.runner import SearchConfig, TreeSearch
-    from mars2.search.simulated import SimulatedAgent, SimulatedGrader
+    from mars2.search.simulation.environment import SimulatedAgent, SimulatedGrader
     from mars2.training.rollout import ProblemSchedule, RolloutEngine
 
     class Rambling(SimulatedAgent):

@@ -15,7 +15,7 @@ from mars2.search.policy import AgentStatistics, PolicyConfig, ThompsonPolicy, T
 from mars2.search.posterior import Prior, RewardStats, beta_params, nig_params, thompson_draw
 from mars2.search.prompts import PromptBuilder
 from mars2.search.runner import SearchConfig, TreeSearch
-from mars2.search.simulated import SimulatedAgent, SimulatedGrader, simulated_problems
+from mars2.search.simulation.environment import SimulatedAgent, SimulatedGrader, simulated_problems
 from mars2.search.tree import SearchTree, load_trees, save_trees
 
 

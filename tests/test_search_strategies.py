@@ -10,7 +10,7 @@ import pytest
 from mars2.search.policy import STRATEGIES, PolicyConfig, ThompsonPolicy, TreeStats
 from mars2.search.posterior import RewardStats
 from mars2.search.runner import SearchConfig, TreeSearch
-from mars2.search.simulated import SimulatedAgent, SimulatedGrader, simulated_problems
+from mars2.search.simulation.environment import SimulatedAgent, SimulatedGrader, simulated_problems
 from mars2.search.tree import SearchTree
 
 AGENTS = ["a", "b"]

@@ -7,6 +7,7 @@ compilation) with a short context so that each starts in well under a minute on 
 from __future__ import annotations
 
 import os
+import queue
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,11 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from mars2.generation.base import Completion
 from mars2.generation.config import GenerationConfig
 from mars2.generation.engines import EnginePool
 from mars2.generation.factory import ServedGenerator, StaleWeightsError, build_generators
+from mars2.generation.vllm_async import StreamingVLLMGenerator
 from mars2.models.loading import LoraSpec, ModelSpec, load_policy
 from mars2.training.agent_module import AgentModule
 from mars2.training.losses import token_logprobs
@@ -84,6 +87,37 @@ def test_rollout_logprobs_equal_the_trainers_at_temperature_08(
         trainer = token_logprobs(logits, ids[:, start + 1 :], temperature=0.8)[0]
         assert len(completion.logprobs or []) == len(completion.token_ids)
         torch.testing.assert_close(torch.tensor(completion.logprobs), trainer, atol=1e-3, rtol=0)
+
+
+def test_streaming_generator_hands_back_every_request_once_with_the_trainers_logprobs(
+    qwen: tuple[AgentModule, ServedGenerator], pool: EnginePool
+) -> None:
+    agent, synchronous = qwen
+    generator = build_generators({agent.name: agent}, pool, streaming=True)[agent.name]
+    backend = generator.backend
+    assert isinstance(backend, StreamingVLLMGenerator)
+    assert backend.llm is synchronous.backend.llm  # the same in-process engine, fed differently
+    arrivals: queue.Queue[tuple[int, Any]] = queue.Queue()
+    lengths = [48, 2, 24, 6, 12]  # far apart: arrival order is length order, whatever the timing
+    base = backend.sampling
+    for number, length in enumerate(lengths):  # one request at a time, each its own length
+        backend.sampling = base.clone()
+        backend.sampling.max_tokens = backend.sampling.min_tokens = length
+        generator.submit([CHATS[number % 2]], lambda i, out, n=number: arrivals.put((n, out)))
+    backend.sampling = base
+    got = [arrivals.get(timeout=300) for _ in lengths]
+    assert sorted(n for n, _ in got) == list(range(len(lengths)))  # each request exactly once
+    assert [len(c.token_ids) for _, c in got] == sorted(lengths)  # handed back as each finished
+    for _, completion in got:
+        assert isinstance(completion, Completion) and completion.logprobs is not None
+        ids = torch.tensor([completion.prompt_token_ids + completion.token_ids])
+        start = len(completion.prompt_token_ids) - 1
+        with torch.no_grad():
+            logits = agent.policy(ids).logits[:, start:-1]
+        trainer = token_logprobs(logits, ids[:, start + 1 :], temperature=0.8)[0]
+        torch.testing.assert_close(torch.tensor(completion.logprobs), trainer, atol=1e-3, rtol=0)
+    assert backend.loop.in_flight == 0 and arrivals.empty()
+    assert [len(c.token_ids) for c in generator.generate(CHATS)] == [12, 12]  # blocking, in order
 
 
 def test_synced_engine_decodes_like_transformers(
@@ -159,7 +193,12 @@ def _compose(tmp: Path, tiny: Path, *overrides: str) -> Any:
 
 
 class _Probe:
-    """Wraps a backend: before each rollout, compares the engine's greedy decode with the policy's."""
+    """Wraps a backend: before each rollout, compares the engine's greedy decode with the policy's.
+
+    A streaming backend is probed when the pipelined driver releases it at the end of a rollout:
+    then no engine of the run is stepping, and the weights it served are the ones it holds still
+    (weights change only between rollouts).
+    """
 
     def __init__(self, agent: AgentModule, generator: ServedGenerator) -> None:
         self.agent, self.generator, self.backend = agent, generator, generator.backend
@@ -167,15 +206,31 @@ class _Probe:
         self.matches: list[bool] = []
         self.served: list[list[int]] = []
         self.llm = self.backend.llm  # what greedy_vllm decodes with
+        self.submitted = 0
 
-    def generate(self, chats: Any) -> Any:
+    def _probe(self) -> None:
         served = greedy_vllm(self.generator, self.prompt, 8)
         self.served.append(served)
         self.matches.append(served == greedy_transformers(self.agent.policy, self.prompt, 8))
+
+    def generate(self, chats: Any) -> Any:
+        self._probe()
         return self.backend.generate(chats)
 
     def sync_weights(self, policy: Any) -> None:
         self.backend.sync_weights(policy)
+
+    @property
+    def max_in_flight(self) -> int:
+        return int(self.backend.max_in_flight)
+
+    def submit(self, chats: Any, done: Any) -> None:
+        self.submitted += len(chats)
+        self.backend.submit(chats, done)
+
+    def release(self) -> None:
+        self.backend.release()
+        self._probe()
 
 
 def _fit(cfg: Any) -> tuple[Any, dict[str, _Probe], list[dict[str, float]]]:
@@ -185,37 +240,43 @@ def _fit(cfg: Any) -> tuple[Any, dict[str, _Probe], list[dict[str, float]]]:
 
     module, datamodule, trainer, sandbox = build_run(cfg)
     steps: list[dict[str, float]] = []
+    probes: dict[str, _Probe] = {}
 
     class Record(pl.Callback):
+        def setup(self, *args: Any, **kwargs: Any) -> None:  # after MultiAgentCallback built them
+            for name, agent in module.agents.items():
+                probes[name] = _Probe(agent, agent.generator)
+                agent.generator.backend = probes[name]
+
         def on_train_batch_end(self, *args: Any) -> None:
             steps.append(dict(datamodule.last.metrics))
 
     trainer.callbacks.append(Record())
-    probes = {}
-    with EnginePool() as engines:
-        for name, generator in build_generators(dict(module.agents), engines).items():
-            probes[name] = _Probe(module.agents[name], generator)
-            generator.backend = probes[name]
-            module.agents[name].generator = generator
-        try:
-            trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
-        finally:
-            sandbox.close()
+    try:  # the run's own callback builds the generators and closes their engines
+        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    finally:
+        sandbox.close()
     return module, probes, steps
 
 
+@pytest.mark.parametrize("driver", ["rounds", "pipelined"])
 def test_warm_started_pair_trains_and_a_resumed_run_samples_the_checkpoint(
-    tmp_path: Path, tiny_models_dir: Path
+    tmp_path: Path, tiny_models_dir: Path, driver: str
 ) -> None:
     first = tmp_path / "first"
-    _, probes, steps = _fit(_compose(first, tiny_models_dir, "steps=2"))
+    drive = f"search.config.driver={driver}"  # pipelined: vLLM engines fed request by request
+    _, probes, steps = _fit(_compose(first, tiny_models_dir, "steps=2", drive))
+    streamed = [p.submitted for p in probes.values()]
+    assert all(streamed) if driver == "pipelined" else not any(streamed)
     assert sum(s["trained_samples"] for s in steps) > 0
     assert max(s["reward"] for s in steps) > 0
     assert all(all(p.matches) and p.matches for p in probes.values())  # every rollout current
 
     checkpoint = first / "checkpoints" / "step_000001.ckpt"
     second = tmp_path / "second"
-    _, probes, _ = _fit(_compose(second, tiny_models_dir, "steps=2", f"ckpt_path={checkpoint}"))
+    _, probes, _ = _fit(
+        _compose(second, tiny_models_dir, "steps=2", drive, f"ckpt_path={checkpoint}")
+    )
     for name, probe in probes.items():
         assert probe.matches and probe.matches[0], f"{name}'s first rollout used stale weights"
         on_disk = load_policy(ModelSpec(str(tiny_models_dir / name)))
@@ -227,6 +288,7 @@ RANK_SCRIPT = """
 import os, sys, torch, torch.distributed as dist
 sys.path.insert(0, {tests!r})
 from test_vllm import CHATS, ENGINE, greedy_transformers, greedy_vllm
+from mars2.generation.base import Completion
 from mars2.generation.config import GenerationConfig
 from mars2.generation.engines import EnginePool
 from mars2.generation.factory import build_generators
@@ -251,6 +313,12 @@ with EnginePool() as pool:
     served = greedy_vllm(generator, prompt, 6)
     assert served == greedy_transformers(agent.policy, prompt, 6), (rank, served)
     print("rank", rank, "served", served, flush=True)
+    # The pipelined driver's generator: the same engine, driven request by request.
+    streaming = build_generators({{agent.name: agent}}, pool, streaming=True)[agent.name]
+    assert streaming.backend.llm is llm
+    assert [len(c.token_ids) for c in streaming.generate(CHATS * 2)] == [6] * 4
+    streaming.release()
+    print("rank", rank, "streamed", flush=True)
 dist.barrier()
 dist.destroy_process_group()
 """
@@ -279,6 +347,6 @@ def test_each_ddp_rank_owns_an_engine_through_external_launcher(
     outputs = [p.communicate(timeout=600)[0] for p in procs]
     for rank, (proc, out) in enumerate(zip(procs, outputs, strict=True)):
         assert proc.returncode == 0, out[-3000:]
-        assert f"rank {rank} served" in out
+        assert f"rank {rank} served" in out and f"rank {rank} streamed" in out
     served = [next(line for line in o.splitlines() if line.startswith("rank ")) for o in outputs]
     assert served[0].split("served")[1] != served[1].split("served")[1]  # two engines, two policies

@@ -28,8 +28,9 @@ from tqdm.auto import tqdm
 
 from mars2.data.problem import Problem
 from mars2.eval.passk import pass_at_k
+from mars2.search.core import GraderLike
 from mars2.search.prompts import PromptBuilder
-from mars2.search.runner import GraderLike, SearchConfig, TreeSearch
+from mars2.search.runner import SearchConfig, TreeSearch
 from mars2.search.tree import Node, SearchTree, save_trees
 from mars2.utils.atomic import atomic_write_text
 

@@ -98,6 +98,7 @@ class EnginePool:
         self._args: dict[str, dict[str, Any]] = {}
         self._workdir: Path | None = None
         self._lora_ids: dict[str, Iterator[int]] = {}
+        self._loop: Any = None
 
     def engine(self, key: str, args: dict[str, Any]) -> Any:
         """The engine for `key`, started with `args` on first use."""
@@ -112,6 +113,15 @@ class EnginePool:
         self._engines[key] = self.runtime.start(args)
         self._args[key] = dict(args)
         return self._engines[key]
+
+    def loop(self) -> Any:
+        """The request loop of the pool's engines (`mars2.generation.vllm_async.EngineLoop`):
+        one for all of them, so that no two engines of this process step at once."""
+        if self._loop is None:
+            from mars2.generation.vllm_async import EngineLoop
+
+            self._loop = EngineLoop()
+        return self._loop
 
     def __contains__(self, key: str) -> bool:
         return key in self._engines
@@ -133,6 +143,9 @@ class EnginePool:
         """Shut every engine down and free what the pool wrote; the pool can be reused after."""
         engines, self._engines, self._args = self._engines, {}, {}
         self._lora_ids = {}
+        if self._loop is not None:  # nothing may still be stepping an engine that shuts down
+            self._loop.cancel()
+            self._loop = None
         for key, llm in engines.items():
             try:
                 self.runtime.close(llm)

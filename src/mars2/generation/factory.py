@@ -3,7 +3,9 @@
 `build_generators` picks the backend from each agent's `GenerationConfig` (vLLM engines come
 from the run's `EnginePool`, LoRA agents on one base share an engine when asked), pushes the
 agent's current weights in, and returns `ServedGenerator`s. A `ServedGenerator` remembers which
-version of its agent's weights it serves and refuses to sample from an older one.
+version of its agent's weights it serves and refuses to sample from an older one. With
+``streaming=True`` (the pipelined driver) vLLM agents get engines fed request by request
+(`mars2.generation.vllm_async`), served by a `StreamingServedGenerator` with the same guarantee.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from mars2.generation.base import Completion, Messages
+from mars2.generation.base import Completion, DoneCallback, Messages, StreamingGenerator
 from mars2.generation.config import GenerationConfig
 from mars2.generation.engines import EnginePool
 from mars2.generation.prompt import encode_prompt
@@ -65,7 +67,8 @@ class ServedGenerator:
         self.sync()
         return True
 
-    def generate(self, chats: Sequence[Messages]) -> list[Completion]:
+    def _ready(self) -> None:
+        """Refuse stale weights; wake an engine that slept with its weights discarded."""
         if self.stale:
             raise StaleWeightsError(
                 f"agent {self.source.name!r} is at weights version {self.source.weights_version} "
@@ -74,6 +77,9 @@ class ServedGenerator:
             )
         if getattr(self.backend, "asleep", False):  # slept with its weights discarded: the
             self.backend.sync_weights(self.source.policy)  # current ones go back in, never old
+
+    def generate(self, chats: Sequence[Messages]) -> list[Completion]:
+        self._ready()
         return list(self.backend.generate(chats))
 
     def encode_prompt(self, chat: Messages) -> list[int]:
@@ -82,6 +88,27 @@ class ServedGenerator:
     @property
     def weights_version(self) -> int | None:
         return self.served_version
+
+
+class StreamingServedGenerator(ServedGenerator):
+    """A `ServedGenerator` whose backend takes requests while it generates (`StreamingGenerator`).
+
+    Every `submit` is checked like `generate`: never stale weights, never a sleeping engine.
+    """
+
+    @property
+    def max_in_flight(self) -> int:
+        return int(self.backend.max_in_flight)
+
+    def submit(self, chats: Sequence[Messages], done: DoneCallback) -> None:
+        self._ready()
+        self.backend.submit(chats, done)
+
+    def release(self) -> None:
+        """The pipelined driver is done with it for this rollout (a vLLM engine may sleep)."""
+        release = getattr(self.backend, "release", None)
+        if release is not None:
+            release()
 
 
 def _world_size() -> int:
@@ -95,12 +122,14 @@ def build_generators(
     pool: EnginePool | None = None,
     temperature: float | None = None,
     answer_key: AnswerKey | None = None,
+    streaming: bool = False,
 ) -> dict[str, ServedGenerator]:
     """A generator per agent, each already serving its agent's current weights.
 
     `temperature` overrides the agents' sampling temperature (evaluation). vLLM agents need the
     run's `pool`, which owns their engines and must be closed by the run; `reference` agents need
-    the run's `answer_key` (see mars2.generation.reference).
+    the run's `answer_key` (see mars2.generation.reference). `streaming` (for the pipelined
+    driver) feeds vLLM engines request by request; other backends are unaffected.
     """
     shared: dict[str, list[GenerationSource]] = {}
     for source in sources.values():
@@ -116,8 +145,11 @@ def build_generators(
         cfg = source.generation_config
         if temperature is not None:
             cfg = dataclasses.replace(cfg, temperature=temperature)
-        backend = _backend(source, cfg, pool, shared, answer_key)
-        generator = ServedGenerator(source, backend, config=cfg)
+        backend = _backend(source, cfg, pool, shared, answer_key, streaming)
+        served = (
+            StreamingServedGenerator if isinstance(backend, StreamingGenerator) else ServedGenerator
+        )
+        generator = served(source, backend, config=cfg)
         generator.sync()
         generators[name] = generator
     return generators
@@ -129,7 +161,7 @@ def _base_key(source: GenerationSource) -> str:
 
 def _backend(source: GenerationSource, cfg: GenerationConfig, pool: EnginePool | None,
              shared: dict[str, list[GenerationSource]],
-             answer_key: AnswerKey | None = None) -> Any:  # fmt: skip
+             answer_key: AnswerKey | None = None, streaming: bool = False) -> Any:  # fmt: skip
     if cfg.backend == "reference":
         if answer_key is None:
             raise ValueError(
@@ -169,7 +201,17 @@ def _backend(source: GenerationSource, cfg: GenerationConfig, pool: EnginePool |
         llm = pool.engine(key, args)
         adapters = pool.workdir() / source.name
         adapters.mkdir(parents=True, exist_ok=True)
+        if streaming:
+            from mars2.generation.vllm_async import StreamingSharedBaseLoRAGenerator
+
+            return StreamingSharedBaseLoRAGenerator(llm, pool.runtime, source.tokenizer, cfg,
+                                                    adapters, pool.lora_ids(key), pool.loop())  # fmt: skip
         return SharedBaseLoRAGenerator(llm, pool.runtime, source.tokenizer, cfg, adapters,
                                        pool.lora_ids(key))  # fmt: skip
-    llm = pool.engine(f"agent:{source.name}", engine_args(source.model_spec, cfg, world_size=world))
+    key = f"agent:{source.name}"
+    llm = pool.engine(key, engine_args(source.model_spec, cfg, world_size=world))
+    if streaming:
+        from mars2.generation.vllm_async import StreamingVLLMGenerator
+
+        return StreamingVLLMGenerator(llm, pool.runtime, source.tokenizer, cfg, pool.loop())
     return VLLMGenerator(llm, pool.runtime, source.tokenizer, cfg)

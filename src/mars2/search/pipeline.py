@@ -1,11 +1,11 @@
 """The pipelined rollout driver: expansions flow through generation and grading independently.
 
 Each tree keeps up to `in_flight` expansions (the rounds driver's `expansions_per_round`) on
-their way; as soon as one of them is graded it is attached, backpropagated, and the tree plans
-its next one, until it has `max_nodes` answers. Every agent's generator gets prompts as soon as
-they are planned and the sandbox grades answers as soon as they are generated, so nothing waits
-for the slowest tree, agent or answer of a round. Pending expansions are counted exactly as in
-the rounds driver (`TreeStats.add_pending` when planned, `remove_pending` when attached).
+their way; as soon as one of them is graded it is told to the search core and the tree asks for
+its next ones, until it has `max_nodes` answers. Every agent's generator gets prompts as soon as
+they are asked for and the sandbox grades answers as soon as they are generated, so nothing waits
+for the slowest tree, agent or answer of a round. Planning, pending counts and attaching are the
+core's (`mars2.search.core`), exactly as for the rounds driver.
 
 Determinism: tree i draws from its own generator, seeded from the step's `rng` (a function of
 seed, step and rank), so its decisions are a function of (seed, step, rank, i) and of the order
@@ -25,18 +25,11 @@ import numpy as np
 
 from mars2.data.problem import Problem
 from mars2.generation.base import Generator
-from mars2.search.policy import AgentStatistics, ThompsonPolicy, TreeStats
+from mars2.search.core import GraderLike, SearchCore
+from mars2.search.policy import AgentStatistics, ThompsonPolicy
 from mars2.search.prompts import PromptBuilder
-from mars2.search.services import (
-    Arrival,
-    BatchGrader,
-    Services,
-    Usage,
-    VirtualServices,
-    WallServices,
-    Work,
-)
-from mars2.search.tree import ROOT_ID, SearchTree
+from mars2.search.services import Services, Usage, WallServices, Work
+from mars2.search.tree import SearchTree
 
 Clock = Literal["wall", "virtual"]
 
@@ -75,7 +68,7 @@ class PipelinedDriver:
         self,
         problems: Sequence[Problem],
         generators: Mapping[str, Generator],
-        grader: BatchGrader,
+        grader: GraderLike,
         rng: np.random.Generator,
         step: int | None = None,
         clock: Clock = "wall",
@@ -89,89 +82,55 @@ class PipelinedDriver:
             raise ValueError("a search needs at least one generator")
         if clock not in ("wall", "virtual"):
             raise ValueError(f"unknown clock {clock!r}: use 'wall' or 'virtual'")
-        self._agents = list(generators)
-        self._trees = [SearchTree.new(p) for p in problems]
-        self._stats = [TreeStats(t) for t in self._trees]
-        seeds = rng.integers(0, 2**63 - 1, size=len(self._trees))
-        self._rngs = [np.random.default_rng(int(s)) for s in seeds]
-        self._flying = [0] * len(self._trees)
-        self._next_id = 0
-        self._bookkeeping = 0.0
+        seeds = rng.integers(0, 2**63 - 1, size=len(problems))
+        self._core = SearchCore(
+            problems,
+            list(generators),
+            policy=self.policy,
+            prompts=self.prompts,
+            max_nodes=self.max_nodes,
+            rngs=[np.random.default_rng(int(s)) for s in seeds],
+            independent=self.independent,
+            agent_statistics=self.agent_statistics,
+            step=step,
+        )
+        self._trees, self._stats, self._flying = (
+            self._core.trees,
+            self._core.stats,
+            self._core.flying,
+        )
         if services is None:
-            services = (
-                VirtualServices(generators, grader)
-                if clock == "virtual"
-                else WallServices(generators, grader)
-            )
+            if clock == "virtual":
+                from mars2.search.simulation.virtual import VirtualServices
+
+                services = VirtualServices(generators, grader)
+            else:
+                services = WallServices(generators, grader)
         arrivals = 0
+        bookkeeping = 0.0
         try:
             began = time.perf_counter()
             planned = [w for i in range(len(self._trees)) for w in self._plan(i)]
-            self._bookkeeping += time.perf_counter() - began
+            bookkeeping += time.perf_counter() - began
             services.generate(planned)
-            while sum(self._flying):
+            while self._core.in_flight:
                 arrival = services.wait()
                 arrivals += 1
                 if arrival.kind == "generated":
                     services.grade(arrival.works)
-                else:
-                    services.generate(self._attach_and_replan(arrival, step))
+                    continue
+                began = time.perf_counter()
+                planned = []
+                for work in arrival.works:
+                    assert work.completion is not None and work.grade is not None
+                    self._core.tell(work.expansion, work.completion, work.grade)
+                    planned.extend(self._plan(work.tree))
+                bookkeeping += time.perf_counter() - began
+                services.generate(planned)
         finally:
             usage = services.close()
-        return self._trees, PipelineReport(usage, self._bookkeeping, arrivals)
-
-    def _attach_and_replan(self, arrival: Arrival, step: int | None) -> list[Work]:
-        began = time.perf_counter()
-        planned: list[Work] = []
-        for work in arrival.works:
-            self._attach(work, step)
-            self._flying[work.tree] -= 1
-            planned.extend(self._plan(work.tree))
-        self._bookkeeping += time.perf_counter() - began
-        return planned
-
-    def _work(self, index: int, parent: int, agent: str) -> Work:
-        tree = self._trees[index]
-        work = Work(
-            self._next_id,
-            index,
-            parent,
-            agent,
-            self.prompts.messages_for(tree.problem, tree.nodes[parent]),
-            tree.problem,
-        )
-        self._next_id += 1
-        self._flying[index] += 1
-        return work
+        return self._trees, PipelineReport(usage, bookkeeping, arrivals)
 
     def _plan(self, index: int) -> list[Work]:
         """New expansions for tree `index`, up to its in-flight limit and its budget."""
-        tree, stats = self._trees[index], self._stats[index]
-        planned: list[Work] = []
-        if self.independent:  # G fresh samples at once, agents taking turns
-            if len(tree) == 0 and not self._flying[index]:
-                for k in range(self.max_nodes):
-                    planned.append(self._work(index, ROOT_ID, self._agents[k % len(self._agents)]))
-            return planned
-        while (
-            self._flying[index] < self.in_flight
-            and len(tree) + stats.pending_total < self.max_nodes
-        ):
-            pick = self.policy.select(
-                tree, stats, self._agents, self._rngs[index], self.agent_statistics
-            )
-            if pick is None:  # nothing may be widened now; an arriving result may change that
-                break
-            parent, agent = pick
-            stats.add_pending(tree, parent, agent)
-            planned.append(self._work(index, parent, agent))
-        return planned
-
-    def _attach(self, work: Work, step: int | None) -> None:
-        tree, stats = self._trees[work.tree], self._stats[work.tree]
-        completion, grade = work.completion, work.grade
-        assert completion is not None and grade is not None
-        stats.attach(
-            tree, work.parent, work.agent, completion=completion, grade=grade,
-            messages=work.messages, step=step, pending=not self.independent,
-        )  # fmt: skip
+        return [Work(e) for e in self._core.ask(index, self.in_flight - self._flying[index])]

@@ -1,11 +1,12 @@
 """The batched rollout driver: grows many trees at once, a round of expansions at a time.
 
-Each round picks up to `expansions_per_round` (node, agent) pairs per unfinished tree, sends every
-agent its whole batch of prompts in one call (vLLM is only fast with large batches), grades all
-completions in one sandbox batch, then attaches and backpropagates the new nodes. The same driver
-runs the baselines: ``mode="independent"`` is vanilla GRPO (G fresh samples per problem, no tree),
-and a team of one agent is a single-agent tree. ``driver="pipelined"`` hands the same search to
-`mars2.search.pipeline`, where expansions flow without rounds.
+Each round asks the search core (`mars2.search.core`) for up to `expansions_per_round`
+expansions per unfinished tree, sends every agent its whole batch of prompts in one call (vLLM is
+only fast with large batches), grades all completions in one sandbox batch, then tells the core
+every graded answer. The same driver runs the baselines: ``mode="independent"`` is vanilla GRPO
+(G fresh samples per problem, no tree), and a team of one agent is a single-agent tree.
+``driver="pipelined"`` hands the same search to `mars2.search.pipeline`, where expansions flow
+without rounds.
 """
 
 from __future__ import annotations
@@ -13,27 +14,21 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import numpy as np
 
 from mars2.data.problem import Problem
-from mars2.generation.base import Generator, Messages
-from mars2.sandbox.records import Grade
+from mars2.generation.base import Generator
+from mars2.search.core import GraderLike, SearchCore
 from mars2.search.pipeline import Clock, PipelinedDriver
-from mars2.search.policy import AgentStatistics, PolicyConfig, ThompsonPolicy, TreeStats
+from mars2.search.policy import AgentStatistics, PolicyConfig, ThompsonPolicy
 from mars2.search.prompts import PromptBuilder
-from mars2.search.services import SANDBOX
-from mars2.search.tree import ROOT_ID, SearchTree
+from mars2.search.services import SANDBOX, Work, by_agent, generate_into, grade_into
+from mars2.search.tree import SearchTree
 
 SearchMode = Literal["tree", "independent"]
 Driver = Literal["rounds", "pipelined"]
-
-
-class GraderLike(Protocol):
-    """Anything that grades (problem, completion) pairs, e.g. `mars2.sandbox.verdict.grader.Grader`."""
-
-    def grade(self, items: Sequence[tuple[Problem, str]]) -> list[Grade]: ...
 
 
 @dataclass(frozen=True)
@@ -80,14 +75,6 @@ class SearchTimings:
         return asdict(self)
 
 
-@dataclass(frozen=True)
-class _Expansion:
-    tree: int
-    parent: int
-    agent: str
-    messages: Messages
-
-
 class TreeSearch:
     """Grows one tree per problem with a team of generators and a grader."""
 
@@ -117,21 +104,30 @@ class TreeSearch:
             raise ValueError("a search needs at least one generator")
         if self.config.driver == "pipelined":
             return self._grow_pipelined(problems, generators, grader, rng, step)
-        agents = list(generators)
-        trees = [SearchTree.new(p) for p in problems]
-        stats = [TreeStats(t) for t in trees]
+        core = SearchCore(
+            problems,
+            list(generators),
+            policy=self.policy,
+            prompts=self.prompts,
+            max_nodes=self.config.max_nodes,
+            rngs=[rng] * len(problems),  # one stream, drawn tree after tree
+            independent=self.config.mode == "independent",
+            agent_statistics=self.agent_statistics,
+            step=step,
+        )
         self.timings = SearchTimings()
         started = time.perf_counter()
         while True:
             began = time.perf_counter()
-            batch = self._plan_round(trees, stats, agents, rng)
+            per_round = self.config.expansions_per_round
+            batch = [Work(e) for i in range(len(problems)) for e in core.ask(i, per_round)]
             self.timings.bookkeeping += time.perf_counter() - began
             if not batch:
                 break
-            self._run_round(batch, trees, stats, generators, grader, step)
+            self._run_round(batch, core, generators, grader)
             self.timings.rounds += 1
         self.timings.span = time.perf_counter() - started
-        return trees
+        return core.trees
 
     def _grow_pipelined(
         self,
@@ -161,80 +157,33 @@ class TreeSearch:
         )
         return trees
 
-    def _plan_round(
-        self,
-        trees: list[SearchTree],
-        stats: list[TreeStats],
-        agents: list[str],
-        rng: np.random.Generator,
-    ) -> list[_Expansion]:
-        budget = self.config.max_nodes
-        batch: list[_Expansion] = []
-        for index, (tree, tree_stats) in enumerate(zip(trees, stats, strict=True)):
-            if self.config.mode == "independent":
-                if len(tree) == 0:  # one round: G fresh samples, agents taking turns
-                    for k in range(budget):
-                        agent = agents[k % len(agents)]
-                        batch.append(
-                            _Expansion(
-                                index, ROOT_ID, agent, self.prompts.fresh_messages(tree.problem)
-                            )
-                        )
-                continue
-            for _ in range(self.config.expansions_per_round):
-                if len(tree) + tree_stats.pending_total >= budget:
-                    break
-                pick = self.policy.select(tree, tree_stats, agents, rng, self.agent_statistics)
-                if pick is None:
-                    break
-                parent, agent = pick
-                tree_stats.add_pending(tree, parent, agent)
-                messages = self.prompts.messages_for(tree.problem, tree.nodes[parent])
-                batch.append(_Expansion(index, parent, agent, messages))
-        return batch
-
     def _run_round(
         self,
-        batch: list[_Expansion],
-        trees: list[SearchTree],
-        stats: list[TreeStats],
+        batch: list[Work],
+        core: SearchCore,
         generators: Mapping[str, Generator],
         grader: GraderLike,
-        step: int | None,
     ) -> None:
         began = time.perf_counter()
-        completions: list[Any] = [None] * len(batch)
+        mine = by_agent(batch)
         for agent, generator in generators.items():
-            slots = [i for i, e in enumerate(batch) if e.agent == agent]
-            if not slots:
+            if agent not in mine:
                 continue
             called = time.perf_counter()
-            outputs = generator.generate([batch[i].messages for i in slots])
+            generate_into(generator, agent, mine[agent])
             self.timings.busy[agent] = self.timings.busy.get(agent, 0.0) + (
                 time.perf_counter() - called
             )
-            if len(outputs) != len(slots):
-                raise RuntimeError(
-                    f"generator {agent!r} returned {len(outputs)} completions for {len(slots)} prompts"
-                )
-            for i, output in zip(slots, outputs, strict=True):
-                completions[i] = output
         self.timings.generation += time.perf_counter() - began
 
         began = time.perf_counter()
-        grades = grader.grade(
-            [(trees[e.tree].problem, c.text) for e, c in zip(batch, completions, strict=True)]
-        )
-        self.timings.grading += time.perf_counter() - began
-        self.timings.busy[SANDBOX] = self.timings.busy.get(SANDBOX, 0.0) + (
-            time.perf_counter() - began
-        )
+        grade_into(grader, batch)
+        graded = time.perf_counter() - began
+        self.timings.grading += graded
+        self.timings.busy[SANDBOX] = self.timings.busy.get(SANDBOX, 0.0) + graded
 
         began = time.perf_counter()
-        for expansion, completion, grade in zip(batch, completions, grades, strict=True):
-            tree, tree_stats = trees[expansion.tree], stats[expansion.tree]
-            tree_stats.attach(
-                tree, expansion.parent, expansion.agent, completion=completion, grade=grade,
-                messages=expansion.messages, step=step, pending=self.config.mode == "tree",
-            )  # fmt: skip
+        for work in batch:
+            assert work.completion is not None and work.grade is not None
+            core.tell(work.expansion, work.completion, work.grade)
         self.timings.bookkeeping += time.perf_counter() - began

@@ -1,16 +1,18 @@
-"""Where the pipelined driver's work runs: each agent's generator and the sandbox, as services.
+"""Where the drivers' work runs: each agent's generator and the sandbox, as services.
 
-The driver hands work to a service and waits for whatever comes back first. Two runtimes:
+A `Work` carries one expansion (`mars2.search.core`) through generation and grading. The rounds
+driver calls `generate_into` / `grade_into` on a round's works; the pipelined driver hands works to
+a runtime and waits for whatever comes back first:
 
-- `WallServices`: real concurrency on the wall clock. A blocking generator gets a thread that
-  takes every queued prompt (up to its `batch_size`) as one `generate` call as soon as the
-  previous call returns; a `StreamingGenerator` is kept at `max_in_flight` submitted requests; the
-  grader gets a thread that grades everything finished so far in one sandbox batch. Results arrive
-  in the order they finish, so that order (and what depends on it) varies between runs.
-- `VirtualServices`: one thread and a virtual clock (`mars2.search.latency`). Generators with a
-  `latency` engine model (simulated agents) are timed by it; other generators as batch engines at
-  a nominal `token_seconds` per token of their answers, the grader by its `latency` pool model or
-  a nominal one. Arrival order is then a pure function of the inputs: runs repeat exactly.
+- `WallServices` (here): real concurrency on the wall clock. A blocking generator gets a thread
+  that takes every queued prompt (up to its `batch_size`) as one `generate` call as soon as the
+  previous call returns; a `StreamingGenerator` (vLLM's engine driven request by request,
+  `mars2.generation.vllm_async`) is kept at `max_in_flight` submitted requests and hands back each
+  answer as it finishes; the grader gets a thread that grades everything finished so far in one
+  sandbox batch. Results arrive in the order they finish, so that order (and what depends on it)
+  varies between runs.
+- `VirtualServices` (`mars2.search.simulation.virtual`): one thread on a modelled clock, where
+  runs repeat exactly.
 
 Both measure each service's busy time (at least one request in flight) over the span.
 """
@@ -23,36 +25,39 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from mars2.data.problem import Problem
 from mars2.generation.base import Completion, Generator, Messages, StreamingGenerator
 from mars2.sandbox.records import Grade
-from mars2.search.latency import EngineModel, EngineRun, PoolRun, SandboxModel
+from mars2.search.core import Expansion, GraderLike
 
 SANDBOX = "sandbox"  # the grader's name in usage reports (agent names are the generators')
-NOMINAL_TOKEN_SECONDS = 1e-3  # virtual time of a real generator's token (only its order matters)
-NOMINAL_SANDBOX = SandboxModel(workers=8, per_test_seconds=0.01, overhead_seconds=0.02)
-
-
-class BatchGrader(Protocol):
-    """Anything that grades (problem, completion) pairs in one batch."""
-
-    def grade(self, items: Sequence[tuple[Problem, str]]) -> list[Grade]: ...
 
 
 @dataclass
 class Work:
     """One expansion on its way through generation and grading."""
 
-    id: int
-    tree: int
-    parent: int
-    agent: str
-    messages: Messages
-    problem: Problem
+    expansion: Expansion
     completion: Completion | None = None
     grade: Grade | None = None
+
+    @property
+    def tree(self) -> int:
+        return self.expansion.tree
+
+    @property
+    def agent(self) -> str:
+        return self.expansion.agent
+
+    @property
+    def messages(self) -> Messages:
+        return self.expansion.messages
+
+    @property
+    def problem(self) -> Problem:
+        return self.expansion.problem
 
 
 @dataclass
@@ -77,6 +82,8 @@ class Usage:
 
 
 class Services(Protocol):
+    """A pipelined runtime: takes works to generate or grade, returns them as they finish."""
+
     def generate(self, works: Sequence[Work]) -> None: ...
 
     def grade(self, works: Sequence[Work]) -> None: ...
@@ -86,7 +93,16 @@ class Services(Protocol):
     def close(self) -> Usage: ...
 
 
-def _generate_into(generator: Generator, agent: str, works: Sequence[Work]) -> None:
+def by_agent(works: Sequence[Work]) -> dict[str, list[Work]]:
+    """Works grouped by the agent that answers them, in order."""
+    groups: dict[str, list[Work]] = {}
+    for work in works:
+        groups.setdefault(work.agent, []).append(work)
+    return groups
+
+
+def generate_into(generator: Generator, agent: str, works: Sequence[Work]) -> None:
+    """One blocking `generate` call for `works`; each gets its completion."""
     outputs = generator.generate([w.messages for w in works])
     if len(outputs) != len(works):
         raise RuntimeError(
@@ -96,7 +112,8 @@ def _generate_into(generator: Generator, agent: str, works: Sequence[Work]) -> N
         work.completion = output
 
 
-def _grade_into(grader: BatchGrader, works: Sequence[Work]) -> None:
+def grade_into(grader: GraderLike, works: Sequence[Work]) -> None:
+    """One sandbox batch for `works`; each gets its grade."""
     items = []
     for work in works:
         assert work.completion is not None
@@ -106,106 +123,6 @@ def _grade_into(grader: BatchGrader, works: Sequence[Work]) -> None:
         raise RuntimeError(f"the grader returned {len(grades)} grades for {len(works)} answers")
     for work, grade in zip(works, grades, strict=True):
         work.grade = grade
-
-
-def tests_per_job(problem: Problem) -> int:
-    """Tests the grader runs for one answer: the public ones for feedback, then all of them."""
-    return len(problem.public_tests) + len(problem.all_tests)
-
-
-# -- virtual clock -----------------------------------------------------------------------------
-
-
-def engine_model_for(generator: Any) -> EngineModel:
-    """The generator's own latency model, else a batch engine at the nominal token time."""
-    model = getattr(generator, "latency", None)
-    if isinstance(model, EngineModel):
-        return model
-    capacity = int(getattr(generator, "batch_size", 32))
-    return EngineModel(NOMINAL_TOKEN_SECONDS, capacity, contention=0.0, continuous=False)
-
-
-def sandbox_model_for(grader: Any) -> SandboxModel:
-    model = getattr(grader, "latency", None)
-    return model if isinstance(model, SandboxModel) else NOMINAL_SANDBOX
-
-
-class VirtualServices:
-    """Runs every service in the calling thread, timed on a virtual clock (see module doc)."""
-
-    def __init__(self, generators: Mapping[str, Generator], grader: BatchGrader) -> None:
-        self.generators = dict(generators)
-        self.grader = grader
-        self.engines = {
-            name: EngineRun[Work](engine_model_for(g)) for name, g in generators.items()
-        }
-        self.pool = PoolRun[Work](sandbox_model_for(grader))
-        self.now = 0.0
-
-    def _start_generation(self, agent: str) -> None:
-        engine = self.engines[agent]
-        admitted = engine.admit()
-        if admitted:
-            _generate_into(self.generators[agent], agent, admitted)
-            for work in admitted:
-                assert work.completion is not None
-                engine.start(work, max(1, len(work.completion.token_ids)))
-
-    def _start_grading(self) -> None:
-        admitted = self.pool.admit()
-        if admitted:
-            _grade_into(self.grader, admitted)
-            for work in admitted:
-                self.pool.start(work, tests_per_job(work.problem))
-
-    def generate(self, works: Sequence[Work]) -> None:
-        by_agent: dict[str, list[Work]] = {}
-        for work in works:
-            by_agent.setdefault(work.agent, []).append(work)
-        for agent, mine in by_agent.items():
-            self.engines[agent].submit(mine)
-            self._start_generation(agent)
-
-    def grade(self, works: Sequence[Work]) -> None:
-        self.pool.submit(works)
-        self._start_grading()
-
-    def wait(self) -> Arrival:
-        # The earliest finish wins; ties go to the agents in order, then the sandbox.
-        best: tuple[float, int] | None = None
-        runs: list[EngineRun[Work] | PoolRun[Work]] = [*self.engines.values(), self.pool]
-        for index, run in enumerate(runs):
-            when = run.next_time()
-            if when is not None and (best is None or when < best[0]):
-                best = (when, index)
-        if best is None:
-            raise RuntimeError("waiting for results with nothing in flight")
-        when, index = best
-        for run in runs:
-            if run is not runs[index]:
-                run.advance(when)
-        self.now = when
-        done = runs[index].finish_next()
-        if index < len(self.engines):
-            self._start_generation(list(self.engines)[index])
-            return Arrival("generated", done)
-        self._start_grading()
-        return Arrival("graded", done)
-
-    def close(self) -> Usage:
-        runs: list[EngineRun[Work] | PoolRun[Work]] = [*self.engines.values(), self.pool]
-        for run in runs:
-            run.advance(max(self.now, run.time))
-        span = self.now
-        usage = Usage("virtual", span)
-        for name, engine in self.engines.items():
-            usage.busy[name] = engine.busy_seconds
-            usage.occupancy[name] = engine.slot_seconds / max(span * engine.model.capacity, 1e-12)
-        usage.busy[SANDBOX] = self.pool.busy_seconds
-        usage.occupancy[SANDBOX] = self.pool.slot_seconds / max(
-            span * self.pool.model.workers, 1e-12
-        )
-        return usage
 
 
 # -- wall clock --------------------------------------------------------------------------------
@@ -312,7 +229,10 @@ class _StreamingFeeder:
             if self.in_flight == 0:
                 self.busy_seconds += time.perf_counter() - self._since
             self.arrivals.put(Arrival("generated", [work]))
-            self._pump()
+            try:
+                self._pump()
+            except BaseException as error:  # raised on the engine's thread: hand it to the driver
+                self.arrivals.put(_Failure(self.name, error))
 
     def close(self) -> None:
         with self.lock:
@@ -320,18 +240,23 @@ class _StreamingFeeder:
             if self.in_flight:
                 self.busy_seconds += time.perf_counter() - self._since
                 self._since = time.perf_counter()
+        # The rollout is over for this generator: one that holds resources between rollouts
+        # gives them back (a vLLM engine cancels what a failed rollout left and may sleep).
+        release = getattr(self.generator, "release", None)
+        if release is not None:
+            release()
 
 
 def _generation_fn(generator: Generator, agent: str) -> Callable[[list[Work]], None]:
     def run(works: list[Work]) -> None:
-        _generate_into(generator, agent, works)
+        generate_into(generator, agent, works)
 
     return run
 
 
-def _grading_fn(grader: BatchGrader) -> Callable[[list[Work]], None]:
+def _grading_fn(grader: GraderLike) -> Callable[[list[Work]], None]:
     def run(works: list[Work]) -> None:
-        _grade_into(grader, works)
+        grade_into(grader, works)
 
     return run
 
@@ -339,7 +264,7 @@ def _grading_fn(grader: BatchGrader) -> Callable[[list[Work]], None]:
 class WallServices:
     """Each generator and the grader in its own thread (or a streaming engine's own), real time."""
 
-    def __init__(self, generators: Mapping[str, Generator], grader: BatchGrader) -> None:
+    def __init__(self, generators: Mapping[str, Generator], grader: GraderLike) -> None:
         self.arrivals: queue.Queue[Arrival | _Failure] = queue.Queue()
         self.began = time.perf_counter()
         self.generators: dict[str, _BatchWorker | _StreamingFeeder] = {}
@@ -357,10 +282,7 @@ class WallServices:
         self.sandbox = _BatchWorker(SANDBOX, "graded", _grading_fn(grader), None, self.arrivals)
 
     def generate(self, works: Sequence[Work]) -> None:
-        by_agent: dict[str, list[Work]] = {}
-        for work in works:
-            by_agent.setdefault(work.agent, []).append(work)
-        for agent, mine in by_agent.items():
+        for agent, mine in by_agent(works).items():
             self.generators[agent].put(mine)
 
     def grade(self, works: Sequence[Work]) -> None:

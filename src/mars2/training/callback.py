@@ -35,6 +35,12 @@ def run_datamodule(trainer: pl.Trainer) -> Any:
     return getattr(trainer, "datamodule", None)
 
 
+def _driver(trainer: pl.Trainer) -> str | None:
+    """The rollout driver of the run's search (`search.config.driver`), when there is one."""
+    search = getattr(getattr(run_datamodule(trainer), "engine", None), "search", None)
+    return getattr(getattr(search, "config", None), "driver", None)
+
+
 class MultiAgentCallback(pl.Callback):
     """Coordinates the team around each optimisation step."""
 
@@ -56,7 +62,8 @@ class MultiAgentCallback(pl.Callback):
         if not missing:
             return
         self._pool = EnginePool()
-        for name, generator in build_generators(missing, self._pool).items():
+        streaming = _driver(trainer) == "pipelined"  # vLLM engines then take requests as they come
+        for name, generator in build_generators(missing, self._pool, streaming=streaming).items():
             agents[name].generator = generator
         self._attached = list(missing)
 

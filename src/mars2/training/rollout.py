@@ -12,8 +12,9 @@ import torch
 
 from mars2.data.problem import Problem
 from mars2.rewards.routing import AdvantageConfig, LengthTerm, Sample, route_samples
+from mars2.search.core import GraderLike
 from mars2.search.policy import AgentStatistics
-from mars2.search.runner import GraderLike, TreeSearch
+from mars2.search.runner import TreeSearch
 from mars2.search.services import SANDBOX
 from mars2.search.tree import SearchTree
 

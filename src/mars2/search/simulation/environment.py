@@ -9,7 +9,7 @@ long-tailed distribution, and with a `latency` engine model a blocking `generate
 time that engine needs for the batch; the grader likewise with a `SandboxModel`. That time is
 spent on a shared `VirtualClock` when one is given (deterministic, instant), else slept for real
 scaled by `realtime` (0: no waiting at all; the pipelined driver's virtual clock then reads the
-models itself). See `mars2.search.latency`.
+models itself). See `mars2.search.simulation.latency`.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from mars2.data.problem import Problem, TestCase, TestKind
 from mars2.generation.base import Completion, Messages
 from mars2.sandbox.base import Verdict
 from mars2.sandbox.records import Grade, TestFeedback
-from mars2.search.latency import AnswerLengths, EngineModel, SandboxModel, VirtualClock
-from mars2.search.services import tests_per_job
+from mars2.search.simulation.latency import AnswerLengths, EngineModel, SandboxModel, VirtualClock
+from mars2.search.simulation.virtual import tests_per_job
 
 _PROBLEM_TAG = re.compile(r"\[sim:([^\]]+)\]")
 _OUTCOME = re.compile(r"# outcome: (\w+) ([0-9.]+)")
