@@ -174,7 +174,7 @@ class _nothing:
 def grad_diff(model_dir: Path, tokens: int, block: int | None) -> tuple[float, float]:
     """(max |chunked - whole-logits|, max |whole-logits|) over the gradients of the hidden states
     and the output head. `block`: the reference runs that many rows at a time (None: all)."""
-    from mars2.models.hidden import final_hidden_states, output_head
+    from mars2.models.hidden import forward_with_head, output_head
     from mars2.training.logprobs import chunked_token_logprobs
     from mars2.training.losses import policy_loss, token_logprobs
 
@@ -184,7 +184,8 @@ def grad_diff(model_dir: Path, tokens: int, block: int | None) -> tuple[float, f
     assert head is not None
     with torch.no_grad():
         ids = batch["input_ids"]
-        hidden = final_hidden_states(agent.policy, ids, batch["attention_mask"], head)[0, :-1]
+        hidden = forward_with_head(agent.policy, head, lambda h: h, ids, batch["attention_mask"])
+        hidden = hidden[0, :-1]
     targets, mask = ids[0, 1:], batch["completion_mask"]
     rows = block or len(targets)
 

@@ -1,15 +1,16 @@
-"""A causal LM's final hidden states and output head, without materialising its logits.
+"""A causal LM's forward with its output head replaced for one call, so no logits are materialised.
 
-`final_hidden_states(model, ...)` runs the model's own forward (so FSDP's, peft's and gradient
-checkpointing's hooks all run as usual) with the output head bypassed for that one call, and
-returns the states the head would have turned into logits, plus the head. Chunked log-probs
-(`mars2.training.logprobs`) then apply the head a chunk of tokens at a time.
+`forward_with_head(model, head, compute, ...)` runs the model's own forward (so FSDP's, peft's and
+gradient checkpointing's hooks all run as usual) with `head(hidden)` replaced by
+`compute(hidden)`, and returns what `compute` returned. Running inside the forward matters under
+FSDP2: the output head's weight is whole (all-gathered) only while the root module's forward and
+backward run. Chunked log-probs (`mars2.training.logprobs`) use this.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -29,14 +30,12 @@ def output_head(model: Any) -> torch.nn.Linear | None:
     return head
 
 
-def _identity(hidden: torch.Tensor) -> torch.Tensor:
-    return hidden
-
-
 @contextlib.contextmanager
-def _bypassed(head: torch.nn.Module) -> Iterator[None]:
+def _replaced(
+    head: torch.nn.Module, compute: Callable[[torch.Tensor], torch.Tensor]
+) -> Iterator[None]:
     own = head.__dict__.get("forward")
-    head.forward = _identity  # an instance attribute shadows the class's forward
+    head.forward = compute  # an instance attribute shadows the class's forward
     try:
         yield
     finally:
@@ -46,15 +45,26 @@ def _bypassed(head: torch.nn.Module) -> Iterator[None]:
             head.forward = own
 
 
-def final_hidden_states(
-    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, head: torch.nn.Linear
+def forward_with_head(
+    model: Any,
+    head: torch.nn.Linear,
+    compute: Callable[[torch.Tensor], torch.Tensor],
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
 ) -> torch.Tensor:
-    """The [B, T, H] states `head` (from `output_head(model)`) maps to the model's logits."""
-    with _bypassed(head):
-        hidden = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-    if hidden.shape[-1] != head.in_features:
+    """`compute([B, T, H] final hidden states)`, evaluated where the model would apply `head`
+    (from `output_head(model)`) to them."""
+    seen: list[int] = []
+
+    def checked(hidden: torch.Tensor) -> torch.Tensor:
+        seen.append(hidden.shape[-1])
+        return compute(hidden)
+
+    with _replaced(head, checked):
+        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    if seen != [head.in_features]:
         raise RuntimeError(
-            f"{type(model).__name__} did not hand its output head the final hidden states "
-            f"(got width {hidden.shape[-1]}, head takes {head.in_features})"
+            f"{type(model).__name__} did not hand its output head the final hidden states once "
+            f"(widths seen: {seen}, the head takes {head.in_features})"
         )
-    return hidden
+    return out

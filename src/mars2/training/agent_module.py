@@ -12,7 +12,7 @@ import torch
 from mars2.generation.config import GenerationConfig
 from mars2.generation.factory import ServedGenerator
 from mars2.models.export import export_pretrained
-from mars2.models.hidden import final_hidden_states, output_head
+from mars2.models.hidden import forward_with_head, output_head
 from mars2.models.loading import ModelSpec, frozen_copy, load_policy, load_tokenizer
 from mars2.rewards.overlong import OverlongPenalty
 from mars2.training.logprobs import chunked_logprobs_and_entropy
@@ -126,9 +126,19 @@ class AgentModule(pl.LightningModule):
                 return logprobs, None
             with torch.no_grad():
                 return logprobs, token_entropy(logits, temperature)
-        hidden = final_hidden_states(model, input_ids, attention_mask, head)[:, :-1]
-        return chunked_logprobs_and_entropy(
-            hidden, head.weight, targets, temperature, chunk, head.bias, with_entropy
+        found: dict[str, torch.Tensor] = {}
+
+        def chunked(hidden: torch.Tensor) -> torch.Tensor:
+            logprobs, entropy = chunked_logprobs_and_entropy(hidden[:, :-1], head.weight, targets,
+                                                             temperature, chunk, head.bias,
+                                                             with_entropy)  # fmt: skip
+            if entropy is not None:
+                found["entropy"] = entropy
+            return logprobs
+
+        # inside the model's forward: under FSDP2 the head's weight is whole only there
+        return forward_with_head(model, head, chunked, input_ids, attention_mask), found.get(
+            "entropy"
         )
 
     def mark_weights_changed(self) -> None:

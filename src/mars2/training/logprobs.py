@@ -47,28 +47,32 @@ class _ChunkedHead(torch.autograd.Function):
         chunk: int,
         with_entropy: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        count = hidden.shape[0]
-        logprobs = torch.empty(count, dtype=torch.float32, device=hidden.device)
-        lse = torch.empty(count, dtype=torch.float32, device=hidden.device)
-        entropy = torch.empty(count if with_entropy else 0, dtype=torch.float32,
-                              device=hidden.device)  # fmt: skip
+        # outputs shaped like `targets` (not views of flat ones: FSDP2 warns about returned views)
+        device, shape = hidden.device, targets.shape
+        flat_hidden, flat_targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+        count = flat_targets.shape[0]
+        logprobs = torch.empty(shape, dtype=torch.float32, device=device)
+        entropy = torch.empty(shape if with_entropy else (0,), dtype=torch.float32, device=device)
+        flat_logprobs, flat_entropy = logprobs.view(-1), entropy.view(-1)
+        lse = torch.empty(count, dtype=torch.float32, device=device)
         for start in range(0, count, chunk):
             end = min(start + chunk, count)
             # log_softmax's own steps (x - max - log sum exp(x - max)), in place on one buffer
-            logp = _scaled_logits(hidden[start:end], weight, bias, temperature)
+            logp = _scaled_logits(flat_hidden[start:end], weight, bias, temperature)
             top = logp.amax(dim=-1, keepdim=True)
             logp.sub_(top)
             log_total = logp.exp().sum(dim=-1, keepdim=True).log_()
             logp.sub_(log_total)
             lse[start:end] = (top + log_total).squeeze(-1)
-            logprobs[start:end] = logp.gather(-1, targets[start:end].unsqueeze(-1)).squeeze(-1)
+            picked = logp.gather(-1, flat_targets[start:end].unsqueeze(-1)).squeeze(-1)
+            flat_logprobs[start:end] = picked
             if with_entropy:  # -sum p log p as a row-wise dot product: no [chunk, vocab] product
                 p = logp.exp().unsqueeze(-2)
-                entropy[start:end] = -torch.matmul(p, logp.unsqueeze(-1)).reshape(-1)
+                flat_entropy[start:end] = -torch.matmul(p, logp.unsqueeze(-1)).reshape(-1)
                 del p
             del logp  # before the next chunk's logits exist
-        ctx.save_for_backward(hidden, weight, bias, targets, lse)
-        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.save_for_backward(flat_hidden, weight, bias, flat_targets, lse)
+        ctx.temperature, ctx.chunk, ctx.hidden_shape = temperature, chunk, hidden.shape
         ctx.mark_non_differentiable(entropy)
         return logprobs, entropy
 
@@ -89,7 +93,7 @@ class _ChunkedHead(torch.autograd.Function):
             if need_bias and bias is not None
             else None
         )
-        grad = grad.float()
+        grad = grad.reshape(-1).float()
         for start in range(0, hidden.shape[0], chunk):
             end = min(start + chunk, hidden.shape[0])
             h = hidden[start:end]
@@ -107,7 +111,7 @@ class _ChunkedHead(torch.autograd.Function):
                 grad_weight.addmm_(d_logits.t(), h.float())
             del logits, d_logits  # before the next chunk's logits exist
         return (
-            grad_hidden,
+            grad_hidden.view(ctx.hidden_shape) if grad_hidden is not None else None,
             grad_weight.to(weight.dtype) if grad_weight is not None else None,
             grad_bias.to(bias.dtype) if grad_bias is not None else None,
             None,
@@ -134,13 +138,10 @@ def chunked_logprobs_and_entropy(
     """
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1 token, got {chunk}")
-    shape = targets.shape
-    flat_hidden = hidden.reshape(-1, hidden.shape[-1])
     logprobs, entropy = _ChunkedHead.apply(
-        flat_hidden, weight, bias, targets.reshape(-1), float(temperature), int(chunk),
-        with_entropy,
-    )  # fmt: skip
-    return logprobs.reshape(shape), entropy.reshape(shape) if with_entropy else None
+        hidden, weight, bias, targets, float(temperature), int(chunk), with_entropy
+    )
+    return logprobs, entropy if with_entropy else None
 
 
 def chunked_token_logprobs(
