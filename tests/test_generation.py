@@ -14,7 +14,7 @@ from mars2.generation.engines import EnginePool
 from mars2.generation.factory import StaleWeightsError, build_generators
 from mars2.generation.prompt import encode_prompt
 from mars2.generation.transformers_backend import ScriptedGenerator, TransformersGenerator
-from mars2.generation.vllm_backend import engine_args, lora_rank, merged_weights
+from mars2.generation.vllm_backend import engine_args, lora_rank, merged_weights, streamed_weights
 from mars2.models.loading import LoraSpec, ModelSpec, load_policy, load_tokenizer
 from mars2.training.agent_module import AgentModule
 from mars2.training.losses import token_logprobs
@@ -73,6 +73,33 @@ def test_lora_weights_merge_without_destroying_the_adapter(tiny_models_dir: Path
         with policy.disable_adapter():
             without = policy(ids).logits
     assert not torch.allclose(with_adapter, without)
+
+
+def test_streamed_weights_merge_lora_like_peft_and_leave_the_policy_untouched(
+    tiny_models_dir: Path,
+) -> None:
+    import copy
+
+    spec = ModelSpec(
+        str(tiny_models_dir / "tiny_llama"),
+        lora=LoraSpec(r=4, alpha=8, target_modules=("q_proj", "v_proj", "down_proj")),
+    )
+    policy = load_policy(spec)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn_like(p) * 0.1)
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    expected = copy.deepcopy(policy).merge_and_unload().state_dict()  # peft's own merge
+    stream = streamed_weights(policy)
+    assert not isinstance(stream, list | dict)  # produced one tensor at a time
+    got = dict(stream)
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        torch.testing.assert_close(got[key], value, rtol=0, atol=1e-6)
+    # the policy's own tensors are exactly as they were (peft's merge/unmerge rounds them)
+    assert all(torch.equal(v, before[k]) for k, v in policy.state_dict().items())
 
 
 # -- the generator factory, engine pool and vLLM generators (a fake engine: no vLLM here) --------

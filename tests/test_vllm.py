@@ -282,3 +282,134 @@ def test_each_ddp_rank_owns_an_engine_through_external_launcher(
         assert f"rank {rank} served" in out
     served = [next(line for line in o.splitlines() if line.startswith("rank ")) for o in outputs]
     assert served[0].split("served")[1] != served[1].split("served")[1]  # two engines, two policies
+
+
+TP_SCRIPT = """
+import json, os, sys, torch, torch.distributed as dist
+sys.path.insert(0, {tests!r})
+from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed.device_mesh import init_device_mesh
+from test_vllm import CHATS, ENGINE, greedy_transformers, greedy_vllm
+from mars2.generation.config import GenerationConfig
+from mars2.generation.engines import EnginePool
+from mars2.generation.factory import build_generators
+from mars2.models.loading import ModelSpec, load_policy
+from mars2.training.agent_module import AgentModule
+from mars2.training.sharding import full_state_dict, shard_model
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+spec = ModelSpec({path!r})
+config = GenerationConfig(backend="vllm", max_new_tokens=6, vllm={{**ENGINE, "tensor_parallel_size": 2}})
+agent = AgentModule("tiny_qwen3", spec, config)
+shard_model(agent.policy, init_device_mesh("cpu", (2,)))  # FSDP2: each rank holds half of each tensor
+with EnginePool() as pool:
+    generator = build_generators({{agent.name: agent}}, pool)[agent.name]  # first streamed sync
+    llm = generator.backend.llm
+    parallel = llm.llm_engine.vllm_config.parallel_config
+    assert parallel.tensor_parallel_size == 2, parallel
+    assert parallel.distributed_executor_backend == "external_launcher", parallel
+    group = generator.backend.group
+    assert group.size == 2 and group.is_leader == (rank == 0)
+    # train-like change of the sharded weights: every rank moves its own shards
+    g = torch.Generator().manual_seed(rank)
+    with torch.no_grad():
+        for p in agent.policy.parameters():
+            local = p.to_local()
+            local.add_(torch.randn(local.shape, generator=g) * 0.1)
+    agent.mark_weights_changed()
+    # what is resident: the policy's shards and the engine's own (tensor-parallel) weights, which
+    # vLLM's reload releases and re-creates layer by layer
+    (engine_model,) = llm.apply_model(lambda model: model)
+    tracker = MemTracker()
+    tracker.track_external(agent.policy, engine_model)
+    with tracker:
+        resident = tracker.get_tracker_snapshot("current")[torch.device("cpu")]["Total"]
+        assert generator.catch_up()  # the streamed sync, gathering one tensor at a time
+    extra = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"] - resident
+    # the trained weights, whole, in an unsharded copy: transformers decodes the reference
+    full = {{k: v.clone() for k, v in full_state_dict(agent.policy)}}
+    reference = load_policy(spec)
+    reference.load_state_dict(full)
+    sizes = {{}}
+    for key, value in full.items():
+        unit = key.split(".")[2] if key.startswith("model.layers.") else key
+        sizes[unit] = sizes.get(unit, 0) + value.numel() * value.element_size()
+    layer_bytes = max(v for k, v in sizes.items() if k.isdigit())
+    prompt = generator.encode_prompt(CHATS[0])
+    served = greedy_vllm(generator, prompt, 6)  # both ranks submit it: one tensor-parallel engine
+    expected = greedy_transformers(reference, prompt, 6)
+    # a rollout: the leader generates through the group, the follower replays its calls
+    if group.is_leader:
+        completions = generator.generate(CHATS)
+        group.release()
+        replayed = len(completions)
+    else:
+        replayed = group.serve()
+    # evaluation: both ranks call with their own chats; the leader's reach the engine
+    evaluated = [c.token_ids for c in generator.generate(CHATS[rank:rank + 1])]
+    print("RESULT", json.dumps(dict(rank=rank, served=served, expected=expected, extra=extra,
+          layer=layer_bytes, embedding=sizes["model.embed_tokens.weight"],
+          whole=sum(v.numel() * v.element_size() for v in full.values()),
+          replayed=replayed, evaluated=evaluated)), flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def _large_layer_model(tiny: Path, target: Path) -> Path:
+    """tiny_qwen3 with four decoder layers, each larger than its (tied) embedding."""
+    import shutil
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    target.mkdir()
+    for item in (tiny / "tiny_qwen3").iterdir():
+        if "token" in item.name or item.name.endswith(".jinja"):
+            shutil.copy(item, target / item.name)
+    config = AutoConfig.from_pretrained(tiny / "tiny_qwen3")
+    config.num_hidden_layers, config.intermediate_size = 4, 1024
+    config.layer_types = ["full_attention"] * 4
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(target)
+    return target
+
+
+def test_tensor_parallel_group_shares_one_engine_and_syncs_streamed_fsdp_weights(
+    tmp_path: Path, tiny_models_dir: Path
+) -> None:
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    model = _large_layer_model(tiny_models_dir, tmp_path / "model")
+    script = tmp_path / "tp.py"
+    script.write_text(TP_SCRIPT.format(tests=str(REPO / "tests"), path=str(model)))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    procs = [
+        subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)})
+        for rank in range(2)
+    ]  # fmt: skip
+    outputs = [p.communicate(timeout=900)[0] for p in procs]
+    results = []
+    for proc, out in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, out[-4000:]
+        line = next(x for x in out.splitlines() if x.startswith("RESULT "))
+        results.append(json.loads(line.removeprefix("RESULT ")))
+    first, second = results
+    print({k: [r[k] for r in results] for k in ("extra", "layer", "embedding", "whole")})
+    # one engine: both tensor-parallel workers decode the same tokens, those of the trained weights
+    assert first["served"] == second["served"] == first["expected"] == second["expected"]
+    assert first["replayed"] == 2 and second["replayed"] == 1  # the follower replayed one call
+    assert first["evaluated"] == second["evaluated"]  # the leader's chat, on both ranks
+    for result in results:
+        # streamed: beyond what is resident, the sync never held more than one decoder layer
+        # (the old sync gathered the whole model first: 4 layers and the embedding)
+        assert result["layer"] > result["embedding"] and result["whole"] > 3 * result["layer"]
+        assert 0 < result["extra"] <= result["layer"], result

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from mars2.generation.engine_group import EngineGroup
+
 log = logging.getLogger(__name__)
 
 
@@ -98,6 +100,8 @@ class EnginePool:
         self._args: dict[str, dict[str, Any]] = {}
         self._workdir: Path | None = None
         self._lora_ids: dict[str, Iterator[int]] = {}
+        self._group: EngineGroup | None = None
+        self._tp_size: int | None = None
 
     def engine(self, key: str, args: dict[str, Any]) -> Any:
         """The engine for `key`, started with `args` on first use."""
@@ -125,6 +129,18 @@ class EnginePool:
             self._workdir = Path(tempfile.mkdtemp(prefix="mars2-engines-"))
         return self._workdir
 
+    def engine_group(self, size: int) -> EngineGroup | None:
+        """The ranks sharing this run's tensor-parallel engines (None for size 1): one size a run."""
+        if self._tp_size is not None and self._tp_size != size:
+            raise ValueError(
+                f"vLLM agents of one run must share one tensor_parallel_size (got "
+                f"{self._tp_size} and {size}): vLLM sets its parallel groups up once per process"
+            )
+        self._tp_size = size
+        if size > 1 and self._group is None:
+            self._group = EngineGroup(size)
+        return self._group
+
     def lora_ids(self, key: str) -> Iterator[int]:
         """Fresh LoRA request ids for the engine `key` (never reused while it runs)."""
         return self._lora_ids.setdefault(key, itertools.count(1))
@@ -133,6 +149,7 @@ class EnginePool:
         """Shut every engine down and free what the pool wrote; the pool can be reused after."""
         engines, self._engines, self._args = self._engines, {}, {}
         self._lora_ids = {}
+        self._group, self._tp_size = None, None
         for key, llm in engines.items():
             try:
                 self.runtime.close(llm)

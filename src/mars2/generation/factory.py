@@ -150,6 +150,7 @@ def _backend(source: GenerationSource, cfg: GenerationConfig, pool: EnginePool |
     )
 
     world = _world_size()
+    tp = int((cfg.vllm or {}).get("tensor_parallel_size") or 1)
     if cfg.shared_base:
         key = _base_key(source)
         group = shared[key]
@@ -159,6 +160,8 @@ def _backend(source: GenerationSource, cfg: GenerationConfig, pool: EnginePool |
         adapters = pool.workdir() / source.name
         adapters.mkdir(parents=True, exist_ok=True)
         return SharedBaseLoRAGenerator(llm, pool.runtime, source.tokenizer, cfg, adapters,
-                                       pool.lora_ids(key))  # fmt: skip
-    llm = pool.engine(f"agent:{source.name}", engine_args(source.model_spec, cfg, world_size=world))
-    return VLLMGenerator(llm, pool.runtime, source.tokenizer, cfg)
+                                       pool.lora_ids(key), pool.engine_group(tp),
+                                       source.name)  # fmt: skip
+    key = f"agent:{source.name}"
+    llm = pool.engine(key, engine_args(source.model_spec, cfg, world_size=world))
+    return VLLMGenerator(llm, pool.runtime, source.tokenizer, cfg, pool.engine_group(tp), key)
