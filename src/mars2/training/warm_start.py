@@ -38,8 +38,17 @@ def warm_start(agent: AgentModule, problems: Sequence[Problem], config: WarmStar
                on_epoch: Callable[[float], None] | None = None) -> list[float]:  # fmt: skip
     """Fine-tune `agent.policy` in place on (prompt, reference answer) pairs; returns epoch losses.
 
-    The agent's weights version moves, and a generator already attached serves the new weights.
+    The agent's weights version moves, a generator already attached serves the new weights and
+    the KL reference (β > 0) becomes the warm-started policy. With LoRA the reference is the base
+    with the adapter off, which a warm start of the adapter leaves untrained: refused with β > 0.
     """
+    if agent.loss_config.beta > 0 and agent.model_spec.lora is not None:
+        raise ValueError(
+            f"agent {agent.name!r}: a warm start trains the LoRA adapter, but with LoRA the KL "
+            "reference is the base with the adapter off, so with loss.beta > 0 the KL would pull "
+            "toward the model before the warm start. Set loss.beta=0, warm_start=null, or train "
+            "without LoRA (the reference is then a copy of the warm-started policy)."
+        )
     config = config or WarmStartConfig()
     prompts = prompts or PromptBuilder()
     tokenizer, policy = agent.tokenizer, agent.policy
@@ -90,6 +99,7 @@ def warm_start(agent: AgentModule, problems: Sequence[Problem], config: WarmStar
         if config.target_loss is not None and losses[-1] <= config.target_loss:
             break
     agent.mark_weights_changed()
+    agent.snapshot_reference()
     if agent.has_generator:
         agent.generator.sync()
     return losses
