@@ -339,6 +339,9 @@ with EnginePool() as pool:
     prompt = generator.encode_prompt(CHATS[0])
     served = greedy_vllm(generator, prompt, 6)  # both ranks submit it: one tensor-parallel engine
     expected = greedy_transformers(reference, prompt, 6)
+    # the ranks' global generators part (the leader's search draws from its own): sampling at
+    # temperature 1 must still agree, the leader seeds every request
+    torch.manual_seed(100 + rank)
     # a rollout: the leader generates through the group, the follower replays its calls
     if group.is_leader:
         completions = generator.generate(CHATS)
@@ -407,7 +410,8 @@ def test_tensor_parallel_group_shares_one_engine_and_syncs_streamed_fsdp_weights
     # one engine: both tensor-parallel workers decode the same tokens, those of the trained weights
     assert first["served"] == second["served"] == first["expected"] == second["expected"]
     assert first["replayed"] == 2 and second["replayed"] == 1  # the follower replayed one call
-    assert first["evaluated"] == second["evaluated"]  # the leader's chat, on both ranks
+    # the leader's chat, sampled alike on both ranks whatever their own generators hold
+    assert first["evaluated"] == second["evaluated"] and first["evaluated"][0]
     for result in results:
         # streamed: beyond what is resident, the sync never held more than one decoder layer
         # (the old sync gathered the whole model first: 4 layers and the embedding)

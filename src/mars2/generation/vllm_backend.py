@@ -102,14 +102,34 @@ def _check_group(config: GenerationConfig, group: EngineGroup | None) -> None:
         )
 
 
-def _sampling(runtime: Any, config: GenerationConfig) -> Any:
+def _sampling(runtime: Any, config: GenerationConfig, seed: int | None = None) -> Any:
     return runtime.sampling(
         n=1,
         temperature=config.temperature,
         top_p=config.top_p,
         max_tokens=config.max_new_tokens,
         logprobs=0,  # the sampled token's log-prob
+        seed=seed,
     )
+
+
+def _group_request(prompts: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """Prompts with one sampling seed each, for the ranks of a tensor-parallel group.
+
+    Every rank of the group samples each token itself (external_launcher runs a scheduler and a
+    sampler per rank); unseeded requests draw from the process's global generator, which the ranks'
+    different work (the leader's search) moves apart, and ranks sampling different tokens would
+    feed the engine's collectives different inputs. So the leader seeds every request (from the
+    trainer's seeded torch generator) and the seeds travel with its prompts.
+    """
+    import torch
+
+    return prompts, torch.randint(0, 2**62, (len(prompts),)).tolist()
+
+
+def _params(runtime: Any, config: GenerationConfig, default: Any, seeds: list[int] | None) -> Any:
+    """`default` for every request, or one sampling per request with its group seed."""
+    return default if seeds is None else [_sampling(runtime, config, s) for s in seeds]
 
 
 class VLLMGenerator:
@@ -124,6 +144,7 @@ class VLLMGenerator:
                  group: EngineGroup | None = None, key: str = "") -> None:  # fmt: skip
         _check_group(config, group)
         self.llm = llm
+        self.runtime, self.config = runtime, config
         self.tokenizer = tokenizer
         self.max_prompt_tokens = config.max_prompt_tokens
         self.sampling = _sampling(runtime, config)
@@ -143,14 +164,15 @@ class VLLMGenerator:
                 "the vLLM engine is asleep and holds no valid weights: sync_weights(policy) first"
             )
         prompts = [self.encode_prompt(c) for c in chats]
-        if self.group is not None:  # every rank of the group runs its leader's prompts
-            return list(self.group.call(self.key, prompts))
-        return self._generate_ids(prompts)
+        if self.group is not None:  # every rank of the group runs its leader's (seeded) prompts
+            return list(self.group.call(self.key, _group_request(prompts)))
+        return self._generate_ids((prompts, None))
 
-    def _generate_ids(self, prompts: list[list[int]]) -> list[Completion]:
-        outputs = self.llm.generate(
-            [{"prompt_token_ids": p} for p in prompts], self.sampling, use_tqdm=False
-        )
+    def _generate_ids(self, request: tuple[list[list[int]], list[int] | None]) -> list[Completion]:
+        prompts, seeds = request
+        params = _params(self.runtime, self.config, self.sampling, seeds)
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params,
+                                    use_tqdm=False)  # fmt: skip
         completions = [
             _completion(prompt, output.outputs[0])
             for prompt, output in zip(prompts, outputs, strict=True)
@@ -258,6 +280,7 @@ class SharedBaseLoRAGenerator:
         self.runtime = runtime
         self.tokenizer = tokenizer
         self.max_prompt_tokens = config.max_prompt_tokens
+        self.config = config
         self.sampling = _sampling(runtime, config)
         self.adapter_dir = adapter_dir
         self._ids = iter(lora_ids)
@@ -277,12 +300,14 @@ class SharedBaseLoRAGenerator:
                 "call sync_weights(policy) once before generating: the adapter is not loaded yet"
             )
         prompts = [self.encode_prompt(c) for c in chats]
-        if self.group is not None:  # every rank of the group runs its leader's prompts
-            return list(self.group.call(self.key, prompts))
-        return self._generate_ids(prompts)
+        if self.group is not None:  # every rank of the group runs its leader's (seeded) prompts
+            return list(self.group.call(self.key, _group_request(prompts)))
+        return self._generate_ids((prompts, None))
 
-    def _generate_ids(self, prompts: list[list[int]]) -> list[Completion]:
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], self.sampling,
+    def _generate_ids(self, request: tuple[list[list[int]], list[int] | None]) -> list[Completion]:
+        prompts, seeds = request
+        params = _params(self.runtime, self.config, self.sampling, seeds)
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params,
                                     lora_request=self._request, use_tqdm=False)  # fmt: skip
         return [
             _completion(prompt, output.outputs[0])
