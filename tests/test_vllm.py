@@ -297,7 +297,10 @@ from mars2.models.loading import ModelSpec, load_policy
 from mars2.training.agent_module import AgentModule
 from mars2.training.sharding import full_state_dict, shard_model
 
-dist.init_process_group("gloo")
+# as under Lightning's own launcher: the group is set up with an explicit rank and RANK is not in
+# the environment (vLLM's external_launcher reads it: the engine pool fills it in)
+assert "RANK" not in os.environ
+dist.init_process_group("gloo", rank=int(os.environ["TEST_RANK"]), world_size=2)
 rank = dist.get_rank()
 spec = ModelSpec({path!r})
 config = GenerationConfig(backend="vllm", max_new_tokens=6, vllm={{**ENGINE, "tensor_parallel_size": 2}})
@@ -393,10 +396,11 @@ def test_tensor_parallel_group_shares_one_engine_and_syncs_streamed_fsdp_weights
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    env.pop("RANK", None)
     procs = [
         subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)})
+                         env={**env, "TEST_RANK": str(rank), "LOCAL_RANK": str(rank)})
         for rank in range(2)
     ]  # fmt: skip
     outputs = [p.communicate(timeout=900)[0] for p in procs]

@@ -40,6 +40,25 @@ def _scoped_environ(values: dict[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
+def _launcher_ranks() -> dict[str, str]:
+    """RANK and LOCAL_RANK for vLLM's external_launcher, which reads them from the environment.
+
+    torchrun sets both; Lightning's own launcher and SLURM (`srun`) do not set RANK, so they are
+    taken from the trainer's process group (already initialised) and its device where missing.
+    """
+    import torch.distributed as dist
+
+    env: dict[str, str] = {}
+    if "RANK" not in os.environ and dist.is_available() and dist.is_initialized():
+        env["RANK"] = str(dist.get_rank())
+    if "LOCAL_RANK" not in os.environ:
+        local = os.environ.get("SLURM_LOCALID")
+        if local is None:
+            local = str(torch.cuda.current_device()) if torch.cuda.is_available() else "0"
+        env["LOCAL_RANK"] = local
+    return env
+
+
 class VLLMRuntime:
     """Starts in-process vLLM engines and builds the objects they take."""
 
@@ -60,7 +79,10 @@ class VLLMRuntime:
         # The trainer hands tensors to the engine by reference (collective_rpc with a weights
         # iterator), so the engine core must run in this process. vLLM reads the switch while the
         # engine is built and caches it; the caller's environment is restored afterwards.
-        with _scoped_environ({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}):
+        env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+        if args.get("distributed_executor_backend") == "external_launcher":
+            env.update(_launcher_ranks())
+        with _scoped_environ(env):
             llm = vllm.LLM(**args)
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
