@@ -138,7 +138,7 @@ class RolloutEngine:
         """
         if not group.is_leader:
             group.serve()
-            return group.scatter(None)  # type: ignore[no-any-return]
+            return group.scatter(None)
         try:
             data = self.run(step, generators, group.index, group.count, overlong=overlong)
         finally:
