@@ -139,6 +139,41 @@ def test_engine_args_follow_vllms_rl_recipe() -> None:
         engine_args(spec, GenerationConfig(backend="vllm", vllm={"logprobs_mode": "raw_logprobs"}))
 
 
+def test_tensor_parallel_engines_are_checked_before_they_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mars2.generation.engines import _launcher_ranks
+
+    spec = ModelSpec("some/model")
+    config = GenerationConfig(backend="vllm", vllm={"tensor_parallel_size": 2})
+    args = engine_args(spec, config, world_size=4)
+    assert args["tensor_parallel_size"] == 2  # vLLM's own argument, passed through
+    assert args["distributed_executor_backend"] == "external_launcher"
+    with pytest.raises(ValueError, match="needs 2 trainer ranks"):
+        engine_args(spec, config)  # one process cannot be two tensor-parallel workers
+    pool = EnginePool(FakeRuntime())
+    assert pool.engine_group(1) is None  # no group without tensor parallelism
+    with pytest.raises(ValueError, match="share one tensor_parallel_size"):
+        pool.engine_group(2)
+    with pytest.raises(ValueError, match="must divide the number of trainer ranks"):
+        EnginePool(FakeRuntime()).engine_group(2)  # one process here, not a group of two
+    from types import SimpleNamespace
+
+    from mars2.generation.vllm_backend import VLLMGenerator
+
+    sleepy = GenerationConfig(backend="vllm", vllm={"enable_sleep_mode": True})
+    with pytest.raises(ValueError, match="tensor-parallel engine stays awake"):
+        VLLMGenerator(None, FakeRuntime(), None, sleepy, SimpleNamespace(size=2), "agent:a")  # type: ignore[arg-type]
+    # vLLM's external_launcher reads RANK/LOCAL_RANK: a launcher's own values are kept
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert _launcher_ranks() == {}
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("LOCAL_RANK")
+    monkeypatch.setenv("SLURM_LOCALID", "3")
+    assert _launcher_ranks()["LOCAL_RANK"] == "3"  # srun's; RANK comes from the process group
+
+
 def test_a_stale_generator_raises_until_synced(tiny_models_dir: Path) -> None:
     agent = _agent(tiny_models_dir / "tiny_llama", GenerationConfig(max_new_tokens=4))
     generator = build_generators({agent.name: agent})[agent.name]
