@@ -64,6 +64,17 @@ def _worker(rank: int, port: int, out: str) -> None:
     data = rollout.run_in_group(7, {}, group)
     result.update(calls=list(calls), searched=rollout.searched, samples=data.samples, trees=data.trees,
                   metrics=data.metrics)  # fmt: skip
+
+    class _Failing(_Rollout):
+        def run(self, *args: Any, **kwargs: Any) -> StepData:
+            self.group.call("a", ["before", "failing"])
+            raise ValueError("the search failed")
+
+    try:  # a leader whose search fails: the follower fails too instead of waiting
+        _Failing(group).run_in_group(8, {}, group)
+    except (ValueError, RuntimeError) as err:
+        result["failed"] = str(err)
+    result["last_call"] = calls[-1]
     try:  # a follower calling another engine than its leader
         group.call("a" if group.is_leader else "b", [])
     except RuntimeError as err:
@@ -97,6 +108,9 @@ def test_followers_replay_their_leaders_calls_and_get_a_share(tmp_path: Path) ->
         assert follower["samples"] == {"a": [1, 3], "b": []}
         assert leader["trees"] == ["tree"] and follower["trees"] == []
         assert follower["metrics"] == leader["metrics"] == {"rank": float(leader["index"])}
+        assert leader["failed"] == "the search failed"
+        assert "failed during step 8's rollout" in follower["failed"]
+        assert follower["last_call"] == ("a", ["before", "failing"])  # replayed before the failure
         assert "error" not in leader
         assert "called engine 'b' while its leader (rank" in follower["error"]
 

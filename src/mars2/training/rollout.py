@@ -134,15 +134,25 @@ class RolloutEngine:
 
         The group grows its slice of the step's problems once: its leader runs the search (as
         rank `group.index` of `group.count`) while the other ranks replay its engine calls, then
-        every rank trains on its share of the samples.
+        every rank trains on its share of the samples. A leader whose search fails releases
+        its group and hands it nothing, so the other ranks fail too instead of waiting.
         """
         if not group.is_leader:
             group.serve()
-            return group.scatter(None)
+            share = group.scatter(None)
+            if share is None:
+                raise RuntimeError(
+                    f"rank {group.rank}: the leader of its engine group (rank {group.leader}) "
+                    f"failed during step {step}'s rollout; its log has the cause"
+                )
+            return share
         try:
             data = self.run(step, generators, group.index, group.count, overlong=overlong)
-        finally:
+        except BaseException:
             group.release()
+            group.scatter([None] * group.size)
+            raise
+        group.release()
         return group.scatter([data.share(i, group.size) for i in range(group.size)])
 
     def _metrics(
