@@ -190,6 +190,23 @@ def test_a_stale_generator_raises_until_synced(tiny_models_dir: Path) -> None:
     assert generator.stale
 
 
+def test_a_checkpoint_of_an_untrained_optimizer_leaves_the_generator_current(
+    tiny_models_dir: Path,
+) -> None:
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    agent = _agent(tiny_models_dir / "tiny_llama", GenerationConfig(max_new_tokens=4))
+    agent.generator = build_generators({agent.name: agent})[agent.name]
+    optimizer, _ = agent.build_optimizer()
+    before = {k: v.clone() for k, v in agent.policy.state_dict().items()}
+    # trainer=fsdp's checkpoint: an optimizer without state is stepped at lr 0 to create it
+    get_optimizer_state_dict(agent.policy, optimizer)
+    assert optimizer.state and all(g["lr"] > 0 for g in optimizer.param_groups)  # it stepped
+    assert all(torch.equal(v, before[k]) for k, v in agent.policy.state_dict().items())
+    assert not agent.generator.stale  # the weights did not change: nothing to sync
+    assert len(agent.generator.generate([CHAT])) == 1
+
+
 def test_eval_of_a_checkpoint_with_vllm_samples_the_checkpoint(
     tmp_path: Path, tiny_models_dir: Path
 ) -> None:

@@ -159,8 +159,11 @@ class AgentModule(pl.LightningModule):
     def _weights_loaded(module: Any, incompatible_keys: Any) -> None:
         module.mark_weights_changed()
 
-    def _optimizer_stepped(self, *args: Any) -> None:
-        self.mark_weights_changed()
+    def _optimizer_stepped(self, optimizer: Any, *args: Any) -> None:
+        # A step at lr 0 leaves the weights as they were: torch.distributed.checkpoint steps an
+        # optimizer that has no state yet (an agent that has not trained) that way to create it.
+        if any(float(group.get("lr", 1.0)) != 0.0 for group in optimizer.param_groups):
+            self.mark_weights_changed()
 
     @property
     def has_generator(self) -> bool:
