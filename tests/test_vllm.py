@@ -421,3 +421,45 @@ def test_tensor_parallel_group_shares_one_engine_and_syncs_streamed_fsdp_weights
         # (the old sync gathered the whole model first: 4 layers and the embedding)
         assert result["layer"] > result["embedding"] and result["whole"] > 3 * result["layer"]
         assert 0 < result["extra"] <= result["layer"], result
+
+
+def test_a_two_rank_fsdp_run_trains_a_lora_agent_through_one_tensor_parallel_engine(
+    tmp_path: Path, tiny_models_dir: Path
+) -> None:
+    """The whole loop under Lightning's own launcher (no RANK in the environment): tiny_llama, a
+    LoRA agent on an FSDP2-sharded base, generates through one engine shared by both ranks
+    (tensor_parallel_size 2); its leader searches, the samples are split, the adapter trains and
+    syncs stream in. tiny_qwen3 answers from a script (tests/fsdp_run.py)."""
+    import csv
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    engine = (
+        "{enforce_eager:true,max_model_len:1024,gpu_memory_utilization:0.2,tensor_parallel_size:2}"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    command = [
+        sys.executable, str(REPO / "tests/fsdp_run.py"), "experiment=tiny_pair", "debug=fast",
+        "trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true",
+        "logger=csv", "sandbox.num_workers=1", "problems_per_step=1", "steps=3", "~callbacks.progress",
+        "+trainer.enable_progress_bar=false", f"paths.output_dir={tmp_path}",
+        f"paths.log_dir={tmp_path}/logs", f"paths.tiny_models_dir={tiny_models_dir}",
+        "agents.tiny_llama.generation.backend=vllm", f"+agents.tiny_llama.generation.vllm={engine}",
+        "+agents.tiny_llama.model.lora={_target_:mars2.models.loading.LoraSpec,r:4,alpha:8}",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900,
+                            cwd=tmp_path)  # fmt: skip
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-4000:]
+    assert "tensor_parallel_size=2" in out and "external_launcher" in out
+    (metrics,) = tmp_path.glob("csv/**/metrics.csv")
+    rows = list(csv.DictReader(metrics.open()))
+    assert sum(float(r["trained_samples"]) for r in rows if r.get("trained_samples")) > 0
+    assert any(r.get("tiny_llama/loss") for r in rows)  # the vLLM agent trained
+    for step in range(3):  # the leader grew the group's trees; the follower holds none
+        assert (tmp_path / "trees" / f"step_{step:06d}_rank0.jsonl").read_text().strip()
+        assert not (tmp_path / "trees" / f"step_{step:06d}_rank1.jsonl").read_text().strip()
+    adapter = load_file(tmp_path / "agents" / "tiny_llama" / "adapter_model.safetensors")
+    assert any(v.abs().sum() > 0 for k, v in adapter.items() if "lora_B" in k)  # it moved
