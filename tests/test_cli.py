@@ -24,10 +24,10 @@ def _script(name: str) -> str:
     return str(path)
 
 
-def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+def _run(command: list[str], cwd: Path, **env_extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **env_extra}
     env.pop("MARS2_ROOT", None)
-    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=180)
+    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
 
 
 def test_train_script_prints_the_job_config_from_another_directory(tmp_path: Path) -> None:
@@ -76,10 +76,11 @@ def test_user_config_dir_is_added_with_hydra_searchpath(tmp_path: Path) -> None:
     assert "experiment_name: mine" in result.stdout and "steps: 3" in result.stdout
 
 
-def test_bad_override_fails_with_hydra_error_not_a_traceback(tmp_path: Path) -> None:
+def test_bad_override_fails_with_one_paragraph_not_a_traceback(tmp_path: Path) -> None:
     result = _run([_script("mars2-train"), "experiment=tiny_pair", "trainer=nope"], tmp_path)
-    assert result.returncode != 0
-    assert "Could not find 'trainer/nope'" in result.stderr and "Traceback" not in result.stderr
+    assert result.returncode == 1
+    assert "trainer=nope" in result.stderr and "cpu, ddp, default, fsdp, gpu" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_module_entry_points_match_the_scripts(tmp_path: Path) -> None:
@@ -135,3 +136,121 @@ def test_scripts_from_a_regular_wheel_install(tmp_path: Path) -> None:
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
         assert expected in result.stdout
+
+
+# --- one error style: exit status 1, one paragraph, no traceback, no folder left behind -----------
+
+
+def _refused(result: subprocess.CompletedProcess, logs: Path) -> str:
+    """The command failed the way every check of ours fails; returns its message."""
+    output = (result.stdout + result.stderr).strip()
+    assert result.returncode == 1, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert len(output.splitlines()) <= 8, output
+    runs = logs / "train" / "runs", logs / "eval" / "runs"
+    left = [p for root in runs if root.exists() for p in root.rglob("*") if p.is_dir()]
+    assert not [p for p in left if p.parent.parent in runs], left  # no run folder made
+    return output
+
+
+def test_missing_checkpoint_is_one_paragraph(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    result = _run([_script("mars2-train"), "ckpt_path=/nonexistent.ckpt", f"paths.log_dir={logs}"],
+                  tmp_path)  # fmt: skip
+    assert "ckpt_path=/nonexistent.ckpt: no such checkpoint" in _refused(result, logs)
+    again = _run([_script("mars2-train"), "resume=true", f"paths.log_dir={logs}"], tmp_path)
+    assert "resume=true found no run" in _refused(again, logs)
+    debug = _run([_script("mars2-train"), "ckpt_path=/nonexistent.ckpt", f"paths.log_dir={logs}",
+                  "--debug"], tmp_path)  # fmt: skip
+    assert debug.returncode != 0 and "Traceback" in debug.stderr  # --debug shows where
+
+
+def test_misspelt_setting_names_the_nearest_one_before_anything_loads(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    added = _run([_script("mars2-eval"), "data=humaneval", "+eval.limt=2", f"paths.log_dir={logs}"],
+                 tmp_path)  # fmt: skip
+    assert "did you mean eval.limit?" in _refused(added, logs)
+    plain = _run([_script("mars2-eval"), "data=humaneval", "eval.limt=2", f"paths.log_dir={logs}"],
+                 tmp_path)  # fmt: skip
+    text = _refused(plain, logs)
+    assert "did you mean eval.limit?" in text and "+eval.limt" not in text  # no "use +key" advice
+    trainer = _run([_script("mars2-train"), "+trainer.max_stepz=2", f"paths.log_dir={logs}"],
+                   tmp_path)  # fmt: skip
+    assert "did you mean trainer.max_steps?" in _refused(trainer, logs)
+
+
+def test_keys_users_may_add_are_accepted(tmp_path: Path) -> None:
+    result = _run(
+        [_script("mars2-train"), "--cfg", "job", "+trainer.gradient_clip_val=1.0",
+         "+agents.tiny_qwen3.generation.vllm.enforce_eager=true", "+my_note=hello"],
+        tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "gradient_clip_val: 1.0" in result.stdout and "enforce_eager: true" in result.stdout
+    data = _run([_script("mars2-eval"), "--cfg", "job", "data=humaneval", "+data.eval.limit=3"],
+                tmp_path)  # fmt: skip
+    assert data.returncode == 0, data.stderr  # load_humaneval takes a limit
+
+
+def test_empty_data_file_is_one_paragraph(tmp_path: Path) -> None:
+    logs, empty = tmp_path / "logs", tmp_path / "empty.jsonl"
+    empty.write_text("")
+    result = _run([_script("mars2-eval"), "data=livecodebench", f"data.eval.path={empty}",
+                   f"paths.log_dir={logs}"], tmp_path)  # fmt: skip
+    text = _refused(result, logs)
+    assert str(empty) in text and "selected no problems" in text
+
+
+def test_unknown_agent_lists_the_agents(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    result = _run([_script("mars2-train"), "agent=[tiny_qwen3,tiny_mistral]",
+                   f"paths.log_dir={logs}"], tmp_path)  # fmt: skip
+    text = _refused(result, logs)
+    assert "tiny_mistral" in text and "tiny_llama" in text and "qwen3_8b" in text
+
+
+@pytest.mark.slow
+def test_a_failure_after_the_folder_exists_leaves_no_empty_folder(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    result = _run([_script("mars2-train"), "experiment=tiny_pair", "warm_start=null",
+                   "agents.tiny_qwen3.model.path=/nonexistent/model", f"paths.log_dir={logs}"],
+                  tmp_path)  # fmt: skip
+    text = _refused(result, logs)
+    assert "/nonexistent/model" in text
+    assert text.splitlines()[0].startswith("Run folder: ")  # the folder was made, then removed
+    evaluated = _run([_script("mars2-eval"), "experiment=tiny_pair", "eval.limit=1",
+                      "agents.tiny_llama.model.path=/nonexistent/model", f"paths.log_dir={logs}"],
+                     tmp_path)  # fmt: skip
+    assert "/nonexistent/model" in _refused(evaluated, logs)
+    assert not (logs / "mlflow").exists()  # and no MLflow run was started for them
+
+
+def test_memory_tool_help_and_bad_overrides(tmp_path: Path) -> None:
+    helped = _run([sys.executable, "-m", "mars2.training.memory", "--help"], tmp_path)
+    assert helped.returncode == 0 and "memory.gpu" in helped.stdout
+    bad = _run([sys.executable, "-m", "mars2.training.memory", "memory.gpu=h900"], tmp_path)
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr and "h900" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_tree_viewer_screenshot_without_chromium_ends_cleanly(tmp_path: Path) -> None:
+    from mars2.data.toy import toy_problems
+    from mars2.search.tree import SearchTree, save_trees
+
+    trees = tmp_path / "trees.jsonl"
+    save_trees([SearchTree.new(toy_problems()[0])], trees)
+    bare = tmp_path / "bin"  # a PATH where no browser is found
+    bare.mkdir()
+    command = [sys.executable, str(REPO / "scripts/view_tree.py"), str(trees),
+               "--screenshot", str(tmp_path / "t.png"), "--no-open"]  # fmt: skip
+    result = _run(command, tmp_path, PATH=str(bare))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "Chromium" in result.stderr and list((tmp_path / "trees").glob("*.html"))
+    missing = _run([sys.executable, str(REPO / "scripts/view_tree.py"), "nope.jsonl"], tmp_path)
+    assert missing.returncode == 1 and "no such trees file" in missing.stderr
+    helped = _run([sys.executable, str(REPO / "scripts/view_tree.py"), "--help"], tmp_path)
+    assert (
+        helped.returncode == 0
+        and "--screenshot" in helped.stdout
+        and "best answer" in helped.stdout
+    )

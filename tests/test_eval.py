@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from mars2.data.humaneval import load_humaneval
 from mars2.data.toy import toy_problems
 from mars2.eval.passk import pass_at_k
+from mars2.eval.run import answer_key
 from mars2.eval.runner import (
     ResultStore,
     best_public_node,
@@ -29,7 +30,7 @@ from mars2.eval.runner import (
     summarise_tree,
 )
 from mars2.eval.tree_view import plot_training_overview, render_tree_html, write_tree_pages
-from mars2.generation.oracle import OracleGenerator, reference_solution
+from mars2.generation.reference import ReferenceGenerator, reference_solution
 from mars2.sandbox.base import Verdict
 from mars2.sandbox.records import Grade, TestFeedback
 from mars2.sandbox.verdict.grader import Grader
@@ -67,20 +68,31 @@ def test_pass_at_k_matches_brute_force(n: int, data) -> None:
     assert pass_at_k(n, c, k) == pytest.approx(brute_force_pass_at_k(n, c, k))
 
 
-class _Flaky(OracleGenerator):
+class _Flaky(ReferenceGenerator):
     """Right on every other call per problem: known, nonzero pass counts."""
 
     def __init__(self, problems) -> None:
         self.calls: dict[str, int] = {}
-        super().__init__(problems, self._answer)
+        super().__init__(answer_key(problems))
 
-    def _answer(self, problem) -> str:
-        count = self.calls[problem.id] = self.calls.get(problem.id, 0) + 1
+    def answer(self, problem_id: str) -> str:
+        count = self.calls[problem_id] = self.calls.get(problem_id, 0) + 1
         return (
-            reference_solution(problem)
-            if count % 2 == 1 or problem.id.endswith("0")
+            super().answer(problem_id)
+            if count % 2 == 1 or problem_id.endswith("0")
             else "def nothing(): pass"
         )
+
+
+class _Broken(ReferenceGenerator):
+    """Answers every problem with its bare prompt: a function that returns None."""
+
+    def __init__(self, problems) -> None:
+        super().__init__(answer_key(problems))
+        self.statements = {p.id: p.statement for p in problems}
+
+    def answer(self, problem_id: str) -> str:
+        return self.statements[problem_id] + "    return None\n"
 
 
 def test_sampling_summary_matches_brute_force_counts(sandbox, tmp_path: Path) -> None:
@@ -104,21 +116,15 @@ def test_oracle_scores_one_and_broken_scores_zero_on_humaneval(tmp_path: Path) -
     with LocalSandbox(per_test_timeout=3.0, job_timeout=10.0) as box:
         grader = Grader(box)
         good, bad = ResultStore(tmp_path / "good.jsonl"), ResultStore(tmp_path / "bad.jsonl")
-        evaluate_sampling(problems, OracleGenerator(problems), grader, 1, good)
-        evaluate_sampling(
-            problems,
-            OracleGenerator(problems, lambda p: p.statement + "    return None\n"),
-            grader,
-            1,
-            bad,
-        )
+        evaluate_sampling(problems, ReferenceGenerator(answer_key(problems)), grader, 1, good)
+        evaluate_sampling(problems, _Broken(problems), grader, 1, bad)
     assert summarise_sampling("oracle", list(good.rows.values())).metrics["pass@1"] == 1.0
     assert summarise_sampling("broken", list(bad.rows.values())).metrics["pass@1"] == 0.0
 
 
-class _Counting(OracleGenerator):
+class _Counting(ReferenceGenerator):
     def __init__(self, problems) -> None:
-        super().__init__(problems)
+        super().__init__(answer_key(problems))
         self.prompts = 0
 
     def generate(self, chats):
@@ -185,6 +191,30 @@ def test_tree_page_is_self_contained_and_lists_every_node(tmp_path: Path) -> Non
     assert not re.search(r'(src|href)="', page)  # no external assets: scripts and styles are inline
     paths = write_tree_pages([_small_tree()], tmp_path)
     assert paths[0].read_text() == page
+
+
+def test_tree_page_opens_on_the_best_node_and_scales_to_fit() -> None:
+    problem = toy_problems()[0]
+    tree = SearchTree.new(problem)
+    for index in range(16):  # 16 depth-1 nodes: a fixed-size SVG overflowed the left half
+        passing = index == 11
+        tree.add(0, agent="tiny_qwen3" if index % 2 else "tiny_llama", reward=float(passing),
+                 grade=Grade(code="print(1)", public=[_feedback(PASS if passing else FAIL)]))  # fmt: skip
+    page = render_tree_html(tree)
+    svg = re.search(r"<svg [^>]*>", page)
+    assert svg is not None and 'width="100%"' in svg.group(0) and "viewBox=" in svg.group(0)
+    assert not re.search(r'<svg[^>]* width="\d+"', page)  # no fixed pixel width
+    assert 'show("12");' in page  # node 12 (the 12th answer) is the one that passes
+    assert page.count("stroke-dasharray") == 1  # and it is marked
+
+
+def test_training_overview_steps_are_whole_numbers() -> None:
+    from mars2.eval.tree_view import overview_figure
+
+    figure = overview_figure({0: [_small_tree()], 1: [_small_tree()], 2: [_small_tree()]})
+    for axis in figure.axes:
+        ticks = axis.get_xticks()
+        assert len(ticks) and all(float(t).is_integer() for t in ticks), ticks
 
 
 def test_training_overview_plot(tmp_path: Path) -> None:

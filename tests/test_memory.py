@@ -97,6 +97,19 @@ def test_lora_and_qlora_shrink_the_base_and_train_only_the_adapter() -> None:
     )
 
 
+def test_the_check_refuses_only_an_estimate_over_the_usable_memory() -> None:
+    # No engine: the peak does not depend on the GPU's size, so the GPU can be sized around it.
+    plan = AgentPlan(name="a", shape=ModelShape.from_mapping(QWEN3_14B), lora_r=64)
+    peak = estimate([plan], ClusterPlan(1000.0)).peak
+    at_the_limit = estimate([plan], ClusterPlan(peak / 0.92 * (1 + 1e-9)))
+    assert at_the_limit.peak == pytest.approx(peak) and at_the_limit.fits
+    check(at_the_limit)  # usable == peak (to 1e-9): runs
+    just_over = estimate([plan], ClusterPlan(peak / 0.92 * (1 - 1e-6)))
+    assert not just_over.fits and not just_over.problems
+    with pytest.raises(MemoryBudgetError, match=r"needs about .* GiB per GPU"):
+        check(just_over)
+
+
 def test_an_engine_too_small_for_its_weights_is_refused() -> None:
     shape = ModelShape.from_mapping(QWEN3_14B)
     engine = EnginePlan(gpu_memory_utilization=0.1, sleep=True, max_model_len=4096, key="a")
@@ -256,4 +269,5 @@ def test_train_cli_refuses_before_loading_a_model(tmp_path: Path) -> None:
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )  # fmt: skip
     assert result.returncode != 0
-    assert "MemoryBudgetError" in result.stderr and "usable (79.2 GiB GPU)" in result.stderr
+    assert result.stderr.startswith("Error: the run needs") and "Traceback" not in result.stderr
+    assert "usable (79.2 GiB GPU)" in result.stderr

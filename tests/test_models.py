@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mars2.models.loading import ModelLoadError, ModelSpec, load_policy, load_tokenizer
+from mars2.models.loading import LoraSpec, ModelLoadError, ModelSpec, load_policy, load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -86,3 +86,25 @@ def test_quantization_needs_a_gpu(tiny_models_dir: Path) -> None:
         pytest.skip("has a GPU")
     with pytest.raises(ModelLoadError, match="CUDA"):
         load_policy(ModelSpec(path=str(tiny_models_dir / "tiny_qwen3"), quantization="4bit"))
+
+
+def test_random_init_builds_from_config_json_alone(tiny_models_dir: Path, tmp_path: Path) -> None:
+    """`random_init` (memory calibration): the shape of config.json, random weights, no weight
+    file; gradient checkpointing and LoRA applied as for a loaded model."""
+    import torch
+
+    config = json.loads((tiny_models_dir / "tiny_qwen3" / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="cannot load a causal LM"):
+        load_policy(ModelSpec(path=str(tmp_path)))  # no weights: only random_init builds it
+    model = load_policy(ModelSpec(path=str(tmp_path), dtype="bfloat16", random_init=True,
+                                  gradient_checkpointing=True, lora=LoraSpec(r=4)))  # fmt: skip
+    assert model.config.hidden_size == config["hidden_size"]
+    assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+    assert {p.dtype for p in model.parameters() if not p.requires_grad} == {torch.bfloat16}
+    trained = load_policy(ModelSpec(path=str(tiny_models_dir / "tiny_qwen3")))
+    assert sum(p.numel() for p in model.base_model.model.parameters() if not p.requires_grad) == (
+        sum(p.numel() for p in trained.parameters())
+    )
+    with pytest.raises(ValueError, match="random_init"):
+        ModelSpec(path=str(tmp_path), random_init=True, quantization="4bit")

@@ -182,6 +182,76 @@ def test_killed_run_resumes_into_the_same_folder_and_mlflow_run(
     assert console.count("Seed set to 42") == 1  # one line per log message
 
 
+@pytest.mark.slow
+def test_ctrl_c_before_the_first_checkpoint_then_resume_continues_that_run(
+    tmp_path: Path, tiny_models_dir: Path
+) -> None:
+    """Checkpoints every 5 steps; Ctrl-C during step 4 (of trainer.max_steps=6) writes last.ckpt
+    at the last completed step, and resume=true continues this run (not an older one) to a
+    last.ckpt that holds step 6, with every step once in MLflow."""
+    logs = tmp_path / "logs"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    older = logs / "train" / "runs" / "tiny_pair" / "2000-01-01_00-00-00"  # a finished old run
+    (older / "checkpoints").mkdir(parents=True)
+    (older / "checkpoints" / "last.ckpt").write_bytes(b"not this one")
+    os.utime(older / "checkpoints" / "last.ckpt", (1_000_000, 1_000_000))
+    os.utime(older, (1_000_000, 1_000_000))
+    command = [
+        sys.executable, str(REPO / "src/mars2/train.py"), "experiment=tiny_pair", "data=arith",
+        "warm_start.epochs=2", "trainer.max_steps=6", f"paths.log_dir={logs}",
+        f"paths.tiny_models_dir={tiny_models_dir}", "sandbox.num_workers=1",
+        "advantage.filter_degenerate=false", "problems_per_step=1", "search.config.max_nodes=2",
+        "agents.tiny_qwen3.generation.max_new_tokens=12",
+        "agents.tiny_llama.generation.max_new_tokens=12",
+    ]  # fmt: skip
+    first = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    runs_root = logs / "train" / "runs" / "tiny_pair"
+    deadline = time.monotonic() + 400
+    try:
+        while time.monotonic() < deadline and first.poll() is None:
+            if list(runs_root.glob("2*/trees/step_000003_rank0.jsonl")):
+                break  # step 3 is done: step 4 is running
+            time.sleep(0.05)
+        assert first.poll() is None, first.communicate()[0][-3000:]
+        os.killpg(first.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group
+        console, _ = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+    assert first.returncode != 0
+    (folder,) = [p for p in runs_root.iterdir() if p != older]
+    assert console.startswith(f"Run folder: {folder}")
+    stopped = torch.load(folder / "checkpoints" / "last.ckpt", weights_only=False)
+    assert stopped["global_step"] in (4, 5)  # the steps completed when Ctrl-C arrived
+    assert not (folder / "checkpoints" / "step_000005.ckpt").exists() or stopped["global_step"] == 5
+    assert "resume=true" in console and "Traceback" not in console
+
+    second = subprocess.run([*command, "resume=true"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert second.returncode == 0, second.stderr[-4000:]
+    assert sorted(runs_root.iterdir()) == sorted([older, folder])  # no third folder
+    assert (older / "checkpoints" / "last.ckpt").read_bytes() == b"not this one"
+    final = torch.load(folder / "checkpoints" / "last.ckpt", weights_only=False)
+    assert final["global_step"] == 6  # between the step-5 checkpoint and the end
+    for step in range(6):
+        assert (folder / "trees" / f"step_{step:06d}_rank0.jsonl").exists()
+    client, (run,) = _mlflow_runs(logs)
+    assert run.info.run_name == f"train/tiny_pair/{folder.name}"
+    assert run.info.status == "FINISHED" and run.data.tags["mars2.resumes"] == "1"
+    history = client.get_metric_history(run.info.run_id, "reward")
+    assert sorted(p.step for p in history) == [0, 1, 2, 3, 4, 5]  # every step once, in place
+    warm = client.get_metric_history(run.info.run_id, "warm_start/tiny_qwen3/loss")
+    assert sorted(p.step for p in warm) == [0, 1]  # the warm start's loss per epoch
+    output = second.stdout + second.stderr
+    assert second.stdout.startswith(f"Run folder: {folder}")
+    assert f"{folder / 'checkpoints' / 'last.ckpt'} (step 6)" in second.stdout
+    for noise in ("💡", "Loading weights", "Writing model shards", "not found. Creating it",
+                  "Epoch 0"):  # fmt: skip
+        assert noise not in output + console, noise
+
+
 def test_run_folder_choice(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     fresh = str(root / "2026-01-01_00-00-00")
@@ -198,8 +268,126 @@ def test_run_folder_choice(tmp_path: Path) -> None:
     assert choose_run_dir("eval", ckpt, False, str(root), fresh) == fresh  # eval gets its own
     with pytest.raises(RunFolderError, match="no such checkpoint"):
         choose_run_dir("train", str(run / "nope.ckpt"), False, str(root), fresh)
-    with pytest.raises(RunFolderError, match="found no run with a checkpoint"):
+    with pytest.raises(RunFolderError, match="found no run under"):
         choose_run_dir("train", None, True, str(tmp_path / "empty"), fresh)
+
+
+def test_train_resume_takes_the_newest_run_even_without_a_checkpoint(tmp_path: Path) -> None:
+    """Stopped before its first checkpoint, the newest run is resumed (from step 0, in its own
+    folder), never an older finished one."""
+    from omegaconf import OmegaConf
+
+    from mars2.utils.runs import resolve_checkpoint
+
+    root = tmp_path / "runs"
+    finished = root / "2026-01-01_00-00-00"
+    (finished / "checkpoints").mkdir(parents=True)
+    (finished / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    os.utime(finished / "checkpoints" / "last.ckpt", (1_000_000, 1_000_000))
+    os.utime(finished, (1_000_000, 1_000_000))
+    interrupted = root / "2026-01-02_00-00-00"
+    (interrupted / ".hydra").mkdir(parents=True)
+    (interrupted / ".hydra" / "config.yaml").write_text("{}")
+    (interrupted / "trees").mkdir()
+    chosen = choose_run_dir("train", None, True, str(root), str(root / "new"))
+    assert chosen == str(interrupted)
+    cfg = OmegaConf.create({"resume": True, "ckpt_path": None, "paths": {"output_dir": chosen}})
+    assert resolve_checkpoint(cfg) is None  # restarts from step 0 rather than failing
+
+
+def test_eval_resume_only_reuses_a_run_with_the_same_record(tmp_path: Path) -> None:
+    from mars2.utils.runs import eval_record, write_record
+
+    root = tmp_path / "logs" / "eval" / "runs" / "default"
+    first_cfg = _compose("eval", tmp_path, "eval.samples=1", "eval.limit=2")
+    first = root / "2026-01-01_00-00-00"
+    (first / "results").mkdir(parents=True)
+    (first / "results" / "a_sampling.jsonl").write_text('{"problem_id": "x"}\n')
+    write_record(first, eval_record(first_cfg))
+    fresh = str(root / "2026-01-02_00-00-00")
+    same = _compose("eval", tmp_path, "eval.samples=1", "eval.limit=2")
+    assert choose_run_dir("eval", None, True, str(root), fresh, same) == str(first)
+    other = _compose("eval", tmp_path, "eval.samples=2", "eval.limit=3")
+    assert choose_run_dir("eval", None, True, str(root), fresh, other) == fresh  # nothing reused
+    with pytest.raises(RunFolderError) as caught:
+        choose_run_dir("eval", None, str(first), str(root), fresh, other)
+    text = _one_paragraph(caught.value)
+    assert "eval.samples (1 -> 2)" in text and "eval.limit (2 -> 3)" in text
+    # Other weights are other settings: the record holds the checkpoint's fingerprint.
+    ckpt = tmp_path / "last.ckpt"
+    ckpt.write_bytes(b"weights one")
+    with_ckpt = eval_record(_compose("eval", tmp_path, f"ckpt_path={ckpt}"))
+    ckpt.write_bytes(b"weights two")
+    assert with_ckpt != eval_record(_compose("eval", tmp_path, f"ckpt_path={ckpt}"))
+
+
+def test_a_folder_of_rows_without_a_record_is_not_resumed(tmp_path: Path) -> None:
+    from mars2.utils.runs import check_eval_folder
+
+    old = tmp_path / "old"
+    (old / "results").mkdir(parents=True)
+    (old / "results" / "team_tree.jsonl").write_text('{"problem_id": "x"}\n')
+    with pytest.raises(RunFolderError, match=r"no eval_record\.json"):
+        check_eval_folder(old, {"seed": "1"}, "resume")
+    check_eval_folder(tmp_path / "empty", {"seed": "1"}, "resume")  # nothing to mix: fine
+
+
+def test_last_checkpoint_holds_the_final_step_between_intervals(tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoints"
+    checkpoint = AtomicModelCheckpoint(
+        dirpath=folder, filename="step_{step:06d}", every_n_train_steps=5, save_last=True,
+        save_top_k=-1, auto_insert_metric_name=False,
+    )  # fmt: skip
+    trainer = pl.Trainer(
+        max_steps=6, callbacks=[checkpoint], logger=False, enable_progress_bar=False,
+        enable_model_summary=False, accelerator="cpu", default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(_Linear())
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", "step_000005.ckpt"]
+    assert torch.load(folder / "last.ckpt", weights_only=False)["global_step"] == 6
+
+
+class _TermedAt(_Linear):
+    """Sends itself SIGTERM during one step, as a cluster's scheduler does."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        self.step = step
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        if self.trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().training_step(batch, batch_idx)
+
+
+def test_sigterm_between_intervals_finishes_the_step_and_checkpoints_it(tmp_path: Path) -> None:
+    """SIGTERM during step 3 (checkpoints every 5): Lightning finishes the step, last.ckpt holds
+    step 3 (not nothing), and a resume from it goes on to the end."""
+    folder = tmp_path / "checkpoints"
+
+    def trainer() -> pl.Trainer:
+        checkpoint = AtomicModelCheckpoint(
+            dirpath=folder, filename="step_{step:06d}", every_n_train_steps=5, save_last=True,
+            save_top_k=-1, auto_insert_metric_name=False,
+        )  # fmt: skip
+        return pl.Trainer(
+            max_steps=7, callbacks=[checkpoint], logger=False, enable_progress_bar=False,
+            enable_model_summary=False, accelerator="cpu", default_root_dir=tmp_path,
+        )  # fmt: skip
+
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit):
+            trainer().fit(_TermedAt(2))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt"]
+    assert torch.load(folder / "last.ckpt", weights_only=False)["global_step"] == 3
+    resumed = trainer()
+    resumed.fit(_Linear(), ckpt_path=str(folder / "last.ckpt"))
+    assert resumed.global_step == 7
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", "step_000005.ckpt"]
+    assert torch.load(folder / "last.ckpt", weights_only=False)["global_step"] == 7
 
 
 def test_metric_names_are_mlflow_safe() -> None:
@@ -232,8 +420,8 @@ def test_missing_data_names_the_path_and_how_to_get_it(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         validate_eval_config(cfg)
     text = _one_paragraph(caught.value)
-    assert f"{tmp_path}/data/livecodebench/test6.jsonl" in text
-    assert "data.eval.path" in text and "Download" in text
+    assert f"{tmp_path}/data/livecodebench/release_v6.jsonl" in text
+    assert "data.eval.path" in text and "mars2-data livecodebench" in text
 
 
 def _lcb_row(qid: str, day: str) -> str:
@@ -245,13 +433,12 @@ def _lcb_row(qid: str, day: str) -> str:
 
 
 def test_empty_eval_window_names_source_and_filter(tmp_path: Path) -> None:
-    data = tmp_path / "data" / "livecodebench" / "test6.jsonl"
+    data = tmp_path / "data" / "livecodebench" / "release_v6.jsonl"
     data.parent.mkdir(parents=True)
     data.write_text(_lcb_row("a", "2024-03-01T00:00:00") + "\n")
     cfg = _compose("eval", tmp_path, "data=livecodebench")
-    validate_eval_config(cfg)
     with pytest.raises(ConfigError) as caught:
-        load_problem_set(cfg, "eval")
+        validate_eval_config(cfg)  # loads the problems: an empty selection stops here
     text = _one_paragraph(caught.value)
     assert "load_livecodebench" in text and "start_date=2025-01" in text
     assert "selected no problems" in text
@@ -273,21 +460,42 @@ def test_empty_training_set_names_the_source(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("override", "setting"),
+    ("override", "named"),
     [
-        ("agents.tiny_qwen3.generation.max_new_tokens=0", "generation.max_new_tokens=0"),
-        ("agents.tiny_llama.generation.temperature=0", "generation.temperature=0"),
-        ("agents.tiny_qwen3.generation.top_p=1.5", "generation.top_p=1.5"),
-        ("agents.tiny_qwen3.loss.eps_low=-0.1", "loss.eps_low=-0.1"),
+        ("agents.tiny_qwen3.generation.max_new_tokens=0",
+         "agents.tiny_qwen3.generation (max_new_tokens=0)"),
+        ("agents.tiny_llama.generation.temperature=0", "agents.tiny_llama.generation (temperature=0)"),
+        ("agents.tiny_qwen3.generation.top_p=1.5", "agents.tiny_qwen3.generation (top_p=1.5)"),
+        ("agents.tiny_qwen3.loss.eps_low=-0.1", "agents.tiny_qwen3.loss (beta=0.0, eps_low=-0.1"),
         ("steps=0", "steps=0"),
-        ("search.config.max_nodes=0", "search.config.max_nodes=0"),
+        ("search.config.max_nodes=0", "search.config (max_nodes=0"),
+        # Ranges that only the dataclasses state (validation never restated them):
+        ("agents.tiny_qwen3.optim.ppo_epochs=0", "agents.tiny_qwen3.optim (ppo_epochs=0"),
+        ("search.config.policy.prior.alpha=0", "search.config.policy.prior (kind=beta, alpha=0,"),
+        ("search.config.policy.max_depth=0", "search.config.policy (max_depth=0)"),
+        ("problems_per_step=0", "problems_per_step must be >= 1"),
     ],
-)
-def test_out_of_range_settings_are_refused(tmp_path: Path, override: str, setting: str) -> None:
+)  # fmt: skip
+def test_out_of_range_settings_are_refused(tmp_path: Path, override: str, named: str) -> None:
     cfg = _compose("train", tmp_path, override)
     with pytest.raises(ConfigError) as caught:
         validate_train_config(cfg)
-    assert setting in _one_paragraph(caught.value)
+    assert named in _one_paragraph(caught.value)
+
+
+def test_ranges_are_stated_once_in_the_dataclasses() -> None:
+    """validation.py builds the settings dataclasses instead of restating their ranges."""
+    source = (REPO / "src/mars2/utils/validation.py").read_text()
+    for restated in ("eps_low", "top_p", "max_new_tokens", "tis_cap", "tree_budget"):
+        assert restated not in source
+
+
+def test_eval_settings_are_checked_by_their_dataclass(tmp_path: Path) -> None:
+    for override, named in (("eval.samples=0", "eval (samples=0)"),
+                            ("eval.temperature=0", "eval (temperature=0")):  # fmt: skip
+        with pytest.raises(ConfigError) as caught:
+            validate_eval_config(_compose("eval", tmp_path, override))
+        assert named in _one_paragraph(caught.value)
 
 
 def test_unwritable_run_folder_names_the_path_and_setting(tmp_path: Path) -> None:

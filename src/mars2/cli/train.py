@@ -5,21 +5,22 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from mars2.cli import CONFIG_PATH, default_root
+from mars2.cli import CONFIG_PATH, run_command
+from mars2.cli.errors import reported
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="train")
 def _main(cfg: DictConfig) -> float | None:
-    from mars2.training.run import train
+    with reported(cfg.paths.output_dir):
+        from mars2.training.run import train
 
-    metrics = train(cfg)
+        metrics = train(cfg)
     return metrics.get("solve_rate")
 
 
 def main() -> None:
     """Train the configured team (Hydra command line)."""
-    default_root()
-    _main()
+    run_command("train", _main)
 
 
 if __name__ == "__main__":

@@ -208,6 +208,7 @@ def load_livecodebench(
                 "difficulty": row.get("difficulty", ""),
                 "contest_date": contest.isoformat() if contest else None,
                 "grading_profile": grading_profile,
+                **_reference(row),
             },
         )
 
@@ -284,10 +285,17 @@ def load_deepcoder(
                 "source": "deepcoder",
                 "difficulty": row.get("difficulty", ""),
                 "grading_profile": grading_profile,
+                **_reference(row),
             },
         )
 
     return _load(path, parse, limit)
+
+
+def _reference(row: dict[str, Any]) -> dict[str, str]:
+    """A row's known-good solution, kept for `generation.backend=reference` (checks the data)."""
+    solution = row.get("reference_solution")
+    return {"reference_solution": str(solution)} if solution else {}
 
 
 def _as_text(value: Any) -> str:

@@ -14,8 +14,9 @@ from mars2.utils.atomic import atomic_write_text
 from mars2.utils.tracking import metric_key
 
 
-def table(summaries: Sequence[Summary]) -> str:
-    """A plain-text table: one row per evaluated setting, one column per metric."""
+def table(summaries: Sequence[Summary], caption: str | None = None) -> str:
+    """A plain-text table: one row per evaluated setting, one column per metric, under a
+    `caption` saying what the numbers are of (problems, n, node budget)."""
     columns = sorted(
         {key for s in summaries for key in s.metrics}, key=lambda k: (not k.startswith("pass@"), k)
     )
@@ -26,7 +27,8 @@ def table(summaries: Sequence[Summary]) -> str:
     ]
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True))  # noqa: E731
-    return "\n".join([line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)])
+    lines = [line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+    return "\n".join([caption, *lines] if caption else lines)
 
 
 def write_reports(summaries: Sequence[Summary], directory: str | Path) -> dict[str, Path]:

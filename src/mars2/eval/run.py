@@ -13,16 +13,21 @@ from omegaconf import DictConfig
 from mars2 import builders
 from mars2.eval.report import log_to_mlflow, table, write_reports
 from mars2.eval.runner import Summary, evaluate_settings
+from mars2.eval.settings import EvalSettings
 from mars2.eval.tree_view import write_tree_pages
+from mars2.generation.config import GenerationConfig
 from mars2.generation.engines import EnginePool
 from mars2.generation.factory import build_generators
+from mars2.generation.reference import AnswerKey, AnswerKeyError, ModelFreeSource
+from mars2.search.prompts import PromptBuilder
 from mars2.search.runner import SearchConfig
 from mars2.search.tree import load_trees
 from mars2.training.members import team_members
 from mars2.training.team_module import MultiAgentModule
-from mars2.utils.logs import one_line_per_message
-from mars2.utils.tracking import tracked
-from mars2.utils.validation import validate_eval_config
+from mars2.utils.logs import one_line_per_message, quiet_libraries
+from mars2.utils.runs import check_eval_folder, eval_record, matching_eval_run, write_record
+from mars2.utils.tracking import tracked, tracker_lines
+from mars2.utils.validation import ConfigError, validate_eval_config
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +53,29 @@ def eval_generators(
     return dict(build_generators(team_members(team), pool, temperature))
 
 
+def uses_reference(cfg: DictConfig) -> bool:
+    """`generation.backend=reference`: answers are the problems' reference solutions."""
+    return (cfg.get("generation") or {}).get("backend") == "reference"
+
+
+def answer_key(problems: list[Any], prompts: PromptBuilder | None = None) -> AnswerKey:
+    """The reference backend's key: each problem's reference solution and fresh prompt."""
+    prompts = prompts or PromptBuilder()
+    texts = {p.id: prompts.fresh_messages(p)[-1]["content"] for p in problems}
+    return AnswerKey.of(problems, texts)
+
+
+def reference_generators(cfg: DictConfig, problems: list[Any]) -> dict[str, Any]:
+    """`generation.backend=reference`: every agent answers with the reference solutions, and no
+    model is loaded (the agents keep their names, so the report has its usual rows)."""
+    key = answer_key(problems)
+    sources = {}
+    for name, agent in cfg.agents.items():
+        settings: GenerationConfig = hydra.utils.instantiate(agent.generation, backend="reference")
+        sources[name] = ModelFreeSource(str(name), settings)
+    return dict(build_generators(sources, answer_key=key))
+
+
 def run_evaluation(
     problems: list[Any],
     generators: dict[str, Any],
@@ -62,39 +90,91 @@ def run_evaluation(
     return evaluate_settings(problems, generators, grader, search_config, samples, out, seed, chunk)
 
 
+def check_eval(cfg: DictConfig) -> list[Any]:
+    """Everything an evaluation checks before it loads a model (the command line runs this
+    before it creates the run folder); returns the problems it will evaluate."""
+    problems = validate_eval_config(cfg)
+    if uses_reference(cfg):
+        try:
+            answer_key(problems)
+        except AnswerKeyError as error:
+            raise ConfigError(f"generation.backend=reference: {error}") from error
+    return problems
+
+
 def evaluate(cfg: DictConfig) -> list[Summary]:
     """Validate, build, run, report. Rerunning into the same output dir (`resume=true` or the
-    same `hydra.run.dir`) keeps what is finished and redoes the rest exactly."""
+    same `hydra.run.dir`) keeps what is finished and redoes the rest exactly; a folder whose
+    rows were made with other settings is refused (see mars2.utils.runs)."""
     one_line_per_message()
-    validate_eval_config(cfg)
+    quiet_libraries()
     out = Path(cfg.paths.output_dir)
-    problems = builders.build_problems(cfg, "eval", cfg.eval.limit)
-    logger = builders.build_logger(cfg)
-    if logger:
-        logger.log_hyperparams(builders.flat_params(cfg))
-    with tracked(logger):
-        summaries = _evaluate(cfg, problems, out)
-        print(table(summaries))
-        files = write_reports(summaries, out)
-        team_trees = sorted((out / "trees" / "team").glob("*.jsonl")) or sorted(
-            (out / "trees").glob("*/*.jsonl")
-        )
-        pages = write_tree_pages(
-            [t for path in team_trees[:8] for t in load_trees(path)], out / "tree_pages"
-        )
+    print(f"Run folder: {out}", flush=True)
+    problems = check_eval(cfg)
+    record = eval_record(cfg)
+    check_eval_folder(out, record, "hydra.run.dir")
+    if cfg.get("resume") is True or str(cfg.get("resume")).lower() == "true":
+        found, why = matching_eval_run(out.parent, record)
+        log.info("%s", why if found is None else f"resume=true: continuing {out} (same settings)")
+    write_record(out, record)
+    settings: EvalSettings = hydra.utils.instantiate(cfg.eval)
+    pool = EnginePool()  # the vLLM engines of this evaluation, closed at the end
+    try:
+        generators = _generators(cfg, problems, settings, pool)  # models load before MLflow starts
+        logger = builders.build_logger(cfg)
         if logger:
-            log_to_mlflow(summaries, logger, [*files.values(), *pages])
+            logger.log_hyperparams(builders.flat_params(cfg))
+        with tracked(logger):
+            summaries = _evaluate(cfg, problems, out, settings, generators)
+            print(table(summaries, caption(cfg, settings, len(problems))), flush=True)
+            files = write_reports(summaries, out)
+            team_trees = sorted((out / "trees" / "team").glob("*.jsonl")) or sorted(
+                (out / "trees").glob("*/*.jsonl")
+            )
+            trees = [t for path in team_trees[:8] for t in load_trees(path)]
+            pages = write_tree_pages(trees, out / "tree_pages")
+            if logger:
+                log_to_mlflow(summaries, logger, [*files.values(), *pages])
+    finally:
+        pool.close()
+    lines = [f"  {'results':<12} {out / 'results'}  (one row per problem and setting)"]
+    lines += [f"  {label:<12} {path}" for label, path in files.items()]
+    if pages:
+        lines.append(f"  {'tree pages':<12} {out / 'tree_pages'}  ({len(pages)} pages)")
+    lines += tracker_lines(logger)
+    print("Wrote:\n" + "\n".join(lines), flush=True)
     return summaries
 
 
-def _evaluate(cfg: DictConfig, problems: list[Any], out: Path) -> list[Summary]:
-    team = load_team(cfg)
-    pool = EnginePool()  # the vLLM engines of this evaluation, closed at the end
-    generators = eval_generators(team, cfg.eval.temperature, pool)
+def caption(cfg: DictConfig, settings: EvalSettings, problems: int) -> str:
+    """What the table's numbers are of: the problems, n and the node budget."""
+    data = str(cfg.data.eval.get("_target_", "?")).rsplit(".", 1)[-1]
+    answers = " (answers: reference solutions)" if uses_reference(cfg) else ""
+    return (
+        f"{problems} problems of {data}{answers}; pass@k: n={settings.samples} samples per problem "
+        f"at temperature {settings.temperature}; trees: up to {settings.tree_budget} nodes"
+    )
+
+
+def _generators(
+    cfg: DictConfig, problems: list[Any], settings: EvalSettings, pool: EnginePool
+) -> dict[str, Any]:
+    if uses_reference(cfg):
+        return reference_generators(cfg, problems)
+    return eval_generators(load_team(cfg), settings.temperature, pool)
+
+
+def _evaluate(
+    cfg: DictConfig,
+    problems: list[Any],
+    out: Path,
+    settings: EvalSettings,
+    generators: dict[str, Any],
+) -> list[Summary]:
     base: SearchConfig = hydra.utils.instantiate(cfg.search.config, _convert_="all")
     search_config = SearchConfig(
         mode="tree",
-        max_nodes=cfg.eval.tree_budget,
+        max_nodes=settings.tree_budget,
         expansions_per_round=base.expansions_per_round,
         policy=base.policy,
     )
@@ -103,9 +183,8 @@ def _evaluate(cfg: DictConfig, problems: list[Any], out: Path) -> list[Summary]:
         # Metric verdicts on all tests; evaluate_tree gives the search only the public view.
         grader = builders.build_grader(cfg, sandbox, reward_tests="all")
         return run_evaluation(
-            problems, generators, grader, search_config, cfg.eval.samples, out, cfg.seed,
-            cfg.eval.get("chunk"),
+            problems, generators, grader, search_config, settings.samples, out, cfg.seed,
+            settings.chunk,
         )  # fmt: skip
     finally:
         sandbox.close()
-        pool.close()

@@ -8,6 +8,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from mars2.sandbox.base import Verdict
 from mars2.search.tree import SearchTree
@@ -42,15 +43,29 @@ def _colour(reward: float) -> str:
     return f"rgb({int(220 * (1 - r)) + 20},{int(180 * r) + 40},70)"
 
 
+def best_node(tree: SearchTree) -> int:
+    """The node a page opens on: the answer the tree submits (best public pass rate, latest on
+    ties), else the highest reward, else the problem itself."""
+    best = None
+    for node in tree.answers():
+        key = (node.public_pass_rate, node.reward, node.id)
+        if best is None or key >= best[0]:
+            best = (key, node.id)
+    return best[1] if best is not None else 0
+
+
 def render_tree_html(tree: SearchTree, title: str | None = None) -> str:
-    """One page, no external assets: an SVG of the tree; clicking a node shows its details."""
+    """One page, no external assets: an SVG of the tree that scales to the left half of the
+    window (many children never push it off screen), opened on the best node; clicking a node
+    shows its details (prompt, code, failing public tests)."""
     positions = _layout(tree)
     agents = sorted({n.agent for n in tree.answers() if n.agent})
     agent_colour = {a: _PALETTE[i % len(_PALETTE)] for i, a in enumerate(agents)}
     width = max(1.0, max(x for x, _ in positions.values()) + 1)
     depth = max(d for _, d in positions.values()) + 1
-    sx, sy, pad = 90, 90, 50
-    svg_w, svg_h = int(width * sx + 2 * pad), int(depth * sy + 2 * pad)
+    sx, sy, pad = 56, 80, 40
+    svg_w, svg_h = int(max(width * sx + 2 * pad, 240)), int(depth * sy + 2 * pad)
+    best = best_node(tree)
 
     def xy(node_id: int) -> tuple[float, float]:
         x, d = positions[node_id]
@@ -70,11 +85,14 @@ def render_tree_html(tree: SearchTree, title: str | None = None) -> str:
                          f'<text x="{x}" y="{y + 5}" fill="#fff" text-anchor="middle">problem</text></g>')  # fmt: skip
             continue
         ring = agent_colour.get(node.agent or "", "#000")
-        label = html.escape(f"#{node.id} {node.agent}")
+        label = html.escape(f"#{node.id}")
+        mark = (f'<circle cx="{x}" cy="{y}" r="25" fill="none" stroke="#111" stroke-width="2" '
+                'stroke-dasharray="4 3"/>' if node.id == best else "")  # fmt: skip
         parts.append(
-            f'<g class="node" data-id="{node.id}"><circle cx="{x}" cy="{y}" r="20" fill="{_colour(node.reward)}" '
-            f'stroke="{ring}" stroke-width="5"/><text x="{x}" y="{y + 5}" text-anchor="middle" fill="#fff">'
-            f'{node.reward:.2f}</text><text x="{x}" y="{y + 36}" text-anchor="middle" font-size="11">{label}</text></g>'
+            f'<g class="node" data-id="{node.id}"><title>#{node.id} {html.escape(str(node.agent))}</title>{mark}'
+            f'<circle cx="{x}" cy="{y}" r="19" fill="{_colour(node.reward)}" stroke="{ring}" stroke-width="5"/>'
+            f'<text x="{x}" y="{y + 4}" text-anchor="middle" fill="#fff" font-size="11">{node.reward:.2f}</text>'
+            f'<text x="{x}" y="{y + 35}" text-anchor="middle" font-size="10">{label}</text></g>'
         )
     legend = " ".join(
         f'<span style="border-bottom:4px solid {c};margin-right:12px">{html.escape(a)}</span>'
@@ -110,11 +128,11 @@ def render_tree_html(tree: SearchTree, title: str | None = None) -> str:
 <html><head><meta charset="utf-8"><title>{page_title}</title>
 <style>
 body{{font-family:sans-serif;margin:0;display:flex;height:100vh}}
-#tree{{flex:1;overflow:auto;padding:8px}} #panel{{width:42%;overflow:auto;padding:12px;background:#f6f6f6;border-left:1px solid #ccc}}
+#tree{{flex:1;min-width:0;overflow:auto;padding:8px}} #panel{{width:42%;overflow:auto;padding:12px;background:#f6f6f6;border-left:1px solid #ccc}}
 .node{{cursor:pointer}} pre{{white-space:pre-wrap;background:#fff;padding:8px;border:1px solid #ddd}}
 </style></head><body>
-<div id="tree"><h2>{page_title}</h2><p>{len(tree)} answers, solved: {tree.solved}. Fill: reward (red 0 → green 1); ring: agent. {legend}</p>
-<svg width="{svg_w}" height="{svg_h}" xmlns="http://www.w3.org/2000/svg">{"".join(parts)}</svg></div>
+<div id="tree"><h2>{page_title}</h2><p>{len(tree)} answers, solved: {tree.solved}. Fill: reward (red 0 → green 1); ring: agent; dashed: the best answer (shown on the right). {legend}</p>
+<svg viewBox="0 0 {svg_w} {svg_h}" width="100%" style="max-width:{svg_w}px;height:auto" xmlns="http://www.w3.org/2000/svg">{"".join(parts)}</svg></div>
 <div id="panel"><p>Click a node to see its prompt, code and failing tests.</p></div>
 <script>
 const nodes = {data};
@@ -128,6 +146,7 @@ function show(id) {{
   document.getElementById("panel").innerHTML = h;
 }}
 document.querySelectorAll(".node").forEach(g => g.addEventListener("click", () => show(g.dataset.id)));
+show("{best}");
 </script></body></html>
 """
 
@@ -145,14 +164,14 @@ def write_tree_pages(trees: Sequence[SearchTree], directory: str | Path) -> list
     return paths
 
 
-def plot_training_overview(
-    trees_by_step: Mapping[int, Sequence[SearchTree]], path: str | Path
-) -> Path:
-    """PNG: per-agent share of expansions and mean reward over training steps."""
+def overview_figure(trees_by_step: Mapping[int, Sequence[SearchTree]]) -> Any:
+    """The overview's matplotlib figure: per-agent share of expansions and mean reward over
+    training steps, steps on whole-number ticks."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     steps = sorted(trees_by_step)
     share: dict[str, list[float]] = defaultdict(list)
@@ -172,8 +191,20 @@ def plot_training_overview(
         right.plot(steps, reward[agent], marker="o", label=agent)
     left.set(title="share of expansions", xlabel="step", ylim=(0, 1))
     right.set(title="mean reward of its nodes", xlabel="step", ylim=(-0.05, 1.05))
+    for axis in (left, right):
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     left.legend()
     fig.tight_layout()
+    return fig
+
+
+def plot_training_overview(
+    trees_by_step: Mapping[int, Sequence[SearchTree]], path: str | Path
+) -> Path:
+    """PNG of `overview_figure`."""
+    import matplotlib.pyplot as plt
+
+    fig = overview_figure(trees_by_step)
     out = Path(path)
     with atomic_open(out, "wb") as handle:
         fig.savefig(handle, dpi=100, format="png")

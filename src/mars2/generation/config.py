@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+BACKENDS = ("transformers", "vllm", "reference")
+
 
 @dataclass(frozen=True)
 class GenerationConfig:
@@ -16,7 +18,7 @@ class GenerationConfig:
     for RL: the weights are discarded and reloaded from the trainer at the next sync).
     """
 
-    backend: str = "transformers"  # transformers | vllm
+    backend: str = "transformers"  # transformers | vllm | reference (see generation/reference.py)
     max_new_tokens: int = 256
     temperature: float = 1.0
     top_p: float = 1.0
@@ -25,12 +27,18 @@ class GenerationConfig:
     vllm: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        if self.backend not in ("transformers", "vllm"):
+        if self.backend not in BACKENDS:
             raise ValueError(
-                f"unknown generation backend {self.backend!r}: use 'transformers' or 'vllm'"
+                f"unknown generation backend {self.backend!r}: use one of {', '.join(BACKENDS)}"
             )
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0 for sampling, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        for name in ("max_new_tokens", "batch_size", "max_prompt_tokens"):
+            value = getattr(self, name)
+            if value is not None and (int(value) != value or value < 1):
+                raise ValueError(f"{name} must be an integer >= 1, got {value}")
 
     @property
     def shared_base(self) -> bool:

@@ -16,6 +16,7 @@ from mars2.generation.base import Completion, Messages
 from mars2.generation.config import GenerationConfig
 from mars2.generation.engines import EnginePool
 from mars2.generation.prompt import encode_prompt
+from mars2.generation.reference import AnswerKey, ReferenceGenerator
 
 
 class GenerationSource(Protocol):
@@ -93,11 +94,13 @@ def build_generators(
     sources: Mapping[str, GenerationSource],
     pool: EnginePool | None = None,
     temperature: float | None = None,
+    answer_key: AnswerKey | None = None,
 ) -> dict[str, ServedGenerator]:
     """A generator per agent, each already serving its agent's current weights.
 
     `temperature` overrides the agents' sampling temperature (evaluation). vLLM agents need the
-    run's `pool`, which owns their engines and must be closed by the run.
+    run's `pool`, which owns their engines and must be closed by the run; `reference` agents need
+    the run's `answer_key` (see mars2.generation.reference).
     """
     shared: dict[str, list[GenerationSource]] = {}
     for source in sources.values():
@@ -113,7 +116,7 @@ def build_generators(
         cfg = source.generation_config
         if temperature is not None:
             cfg = dataclasses.replace(cfg, temperature=temperature)
-        backend = _backend(source, cfg, pool, shared)
+        backend = _backend(source, cfg, pool, shared, answer_key)
         generator = ServedGenerator(source, backend, config=cfg)
         generator.sync()
         generators[name] = generator
@@ -125,7 +128,15 @@ def _base_key(source: GenerationSource) -> str:
 
 
 def _backend(source: GenerationSource, cfg: GenerationConfig, pool: EnginePool | None,
-             shared: dict[str, list[GenerationSource]]) -> Any:  # fmt: skip
+             shared: dict[str, list[GenerationSource]],
+             answer_key: AnswerKey | None = None) -> Any:  # fmt: skip
+    if cfg.backend == "reference":
+        if answer_key is None:
+            raise ValueError(
+                f"agent {source.name!r} answers with reference solutions: build its generator "
+                "with the run's problems (build_generators(..., answer_key=AnswerKey.of(...)))"
+            )
+        return ReferenceGenerator(answer_key)
     if cfg.backend == "transformers":
         from mars2.generation.transformers_backend import TransformersGenerator
 

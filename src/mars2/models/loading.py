@@ -48,6 +48,9 @@ class ModelSpec:
     extra: dict[str, Any] = field(default_factory=dict)
     # sizes for the memory estimate (mars2.models.memory) when no local config.json is at `path`
     architecture: dict[str, Any] | None = None
+    # build from `path`/config.json with random weights (no weight files needed): memory
+    # calibration (mars2.training.calibration) and tests, never a real run
+    random_init: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
@@ -56,6 +59,8 @@ class ModelSpec:
             raise ValueError(
                 f"unknown quantization {self.quantization!r}: use null, '4bit' or '8bit'"
             )
+        if self.random_init and self.quantization:
+            raise ValueError("random_init builds an unquantised model: set quantization=null")
 
 
 def _check_source(path: str) -> None:
@@ -116,7 +121,13 @@ def load_policy(spec: ModelSpec) -> Any:
         )
     model: Any
     try:
-        model = AutoModelForCausalLM.from_pretrained(spec.path, **kwargs)
+        if spec.random_init:
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code)
+            model = AutoModelForCausalLM.from_config(config, **kwargs)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(spec.path, **kwargs)
     except (OSError, ValueError) as err:
         raise ModelLoadError(f"cannot load a causal LM from {spec.path!r}: {err}") from err
     if spec.quantization and spec.lora is None:

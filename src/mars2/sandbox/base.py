@@ -40,7 +40,7 @@ class Job:
     per_test_timeout: float | None = None
     job_timeout: float | None = None
     early_stop: bool = False
-    profile: str = "lenient"  # grading profile, see mars2.sandbox.compare
+    profile: str = "lenient"  # grading profile, see mars2.sandbox.verdict.compare
 
     def payload(self, defaults: dict[str, Any]) -> dict[str, Any]:
         """The JSON-ready form a worker reads, with the sandbox's defaults filled in."""

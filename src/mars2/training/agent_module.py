@@ -53,6 +53,10 @@ class OptimConfig:
             raise ValueError(f"unknown optimizer {self.optimizer!r}: use 'adamw' or 'adamw8bit'")
         if self.schedule not in ("constant", "cosine"):
             raise ValueError(f"unknown schedule {self.schedule!r}: use 'constant' or 'cosine'")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
 
 
 class AgentModule(pl.LightningModule):

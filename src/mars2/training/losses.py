@@ -55,8 +55,15 @@ class LossConfig:
             raise ValueError("eps_low, eps_high and beta must be >= 0")
         if self.overlong_buffer < 0 or self.overlong_penalty < 0:
             raise ValueError("overlong_buffer and overlong_penalty must be >= 0")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.tis_cap is not None and self.tis_cap <= 0:
+            raise ValueError(f"tis_cap must be > 0 (or null to disable it), got {self.tis_cap}")
         if self.logprob_chunk_tokens < 0:
-            raise ValueError("logprob_chunk_tokens must be >= 0 (0: no chunking)")
+            raise ValueError(
+                "logprob_chunk_tokens must be >= 0 (0: whole logits), got "
+                f"{self.logprob_chunk_tokens}"
+            )
 
 
 def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,10 @@
 
 python -m mars2.training.memory experiment=areal14b_pair trainer=fsdp memory.gpu=h100
 python -m mars2.training.memory --table      # every shipped experiment (the README table)
+
+Arguments are the training command's Hydra overrides; memory.gpu (h200, h100, a100 or GiB),
+memory.gpus_per_node and memory.prompt_tokens set what the dry run assumes. Exit status: 0 when
+the estimate fits, 1 when it does not or the overrides cannot be composed.
 """
 
 from __future__ import annotations
@@ -159,12 +163,13 @@ def _visible_count() -> int | None:
 def estimate_config(cfg: DictConfig) -> MemoryEstimate:
     """The per-GPU estimate of a composed training config."""
     settings = _settings(cfg)
+    cluster = cluster_plan(cfg)  # first: a bad memory.gpu is named before any model is sized
     agents = OmegaConf.to_container(cfg.agents, resolve=True)
     assert isinstance(agents, dict)
     mixed = "16-mixed" in str(cfg.trainer.get("precision", ""))
     prompt = int(settings["prompt_tokens"])
     plans = [agent_plan(str(n), a, prompt, mixed) for n, a in agents.items()]
-    return estimate(plans, cluster_plan(cfg))
+    return estimate(plans, cluster)
 
 
 def check_memory(cfg: DictConfig) -> MemoryEstimate | None:
@@ -229,11 +234,25 @@ def table(gpus: tuple[str, ...] = ("h200", "h100")) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Print the estimate of the overrides' config (or the table); errors are one paragraph."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["--table"]:
-        print(table())
+    if any(a in ("-h", "--help") for a in args):
+        print(__doc__)
         return 0
-    est = estimate_config(compose(args))
+    try:
+        if args[:1] == ["--table"]:
+            print(table())
+            return 0
+        est = estimate_config(compose(args))
+    except (HydraException, OmegaConfBaseException, ValueError, KeyError) as error:
+        text = str(error).strip().split("Config search path")[0]  # Hydra appends its search path
+        text = " ".join(line.strip() for line in text.splitlines() if line.strip())
+        text = text or type(error).__name__
+        print(f"Error: {text} (python -m mars2.training.memory --help)", file=sys.stderr)
+        return 1
     print(est.report())
     if not est.fits:
         print("\n" + est.refusal())

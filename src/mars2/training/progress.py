@@ -25,7 +25,11 @@ def warm_start_bar(agent: str, epochs: int) -> Iterator[Callable[[float], None]]
 
 class StepProgressBar(TQDMProgressBar):
     """The training bar counts team steps out of `trainer.max_steps`, so it shows a total and an
-    ETA (the rollout stream has no length, which left Lightning's bar at `17/?`)."""
+    ETA (the rollout stream has no length, which left Lightning's bar at `17/?`). Its label is
+    "Training" whether the run starts or resumes mid-epoch (Lightning's said "Epoch 0" on a
+    fresh run only), and it leaves out the logger's version (`v_num`)."""
+
+    LABEL = "Training"
 
     @property
     def total_train_batches(self) -> int | float:
@@ -41,6 +45,7 @@ class StepProgressBar(TQDMProgressBar):
         total = self.total_train_batches
         if total != float("inf") and bar.total != total:
             bar.total = int(total)
+        bar.set_description(self.LABEL, refresh=False)
         done = self._done(trainer)
         if start and done:  # resumed: the bar (and its ETA) starts at the steps already done
             bar.initial = done
@@ -54,9 +59,18 @@ class StepProgressBar(TQDMProgressBar):
         self.train_progress_bar.refresh()
 
     def on_train_epoch_start(self, trainer: pl.Trainer, *args: Any) -> None:
-        super().on_train_epoch_start(trainer, *args)
+        # Lightning's own would label the bar "Epoch 0" (printing it once) before _sync renames it.
+        if self._leave:
+            self.train_progress_bar = self.init_train_tqdm()
+        self.train_progress_bar.reset()
+        self.train_progress_bar.initial = 0
         self._sync(trainer, start=True)
         self.train_progress_bar.refresh()
+
+    def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
+        metrics = super().get_metrics(trainer, pl_module)
+        metrics.pop("v_num", None)
+        return metrics
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,

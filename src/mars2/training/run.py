@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
+import signal
 import warnings
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import hydra
@@ -26,8 +30,9 @@ from mars2.training.progress import warm_start_bar
 from mars2.training.rollout import RolloutEngine
 from mars2.training.team_module import MultiAgentModule
 from mars2.training.warm_start import WarmStartConfig, warm_start
-from mars2.utils.logs import one_line_per_message
-from mars2.utils.runs import resolve_checkpoint
+from mars2.utils.logs import one_line_per_message, quiet_libraries
+from mars2.utils.runs import CHECKPOINT_DIR, latest_checkpoint, resolve_checkpoint
+from mars2.utils.tracking import tracker_lines
 from mars2.utils.validation import validate_train_config
 
 log = logging.getLogger(__name__)
@@ -42,8 +47,9 @@ for _pattern in (
     warnings.filterwarnings("ignore", message=_pattern)
 
 
-def run_warm_start(cfg: DictConfig, agents: dict[str, AgentModule]) -> None:
-    """Supervised warm start of every agent on ``data.warm_start`` problems (disjoint from RL)."""
+def run_warm_start(cfg: DictConfig, agents: dict[str, AgentModule], logger: Any = None) -> None:
+    """Supervised warm start of every agent on ``data.warm_start`` problems (disjoint from RL);
+    each epoch's loss goes to the run's logger as ``warm_start/<agent>/loss`` (step = epoch)."""
     if not cfg.data.get("warm_start"):
         raise ValueError(
             "warm_start is set but the data config has no warm_start problems (try data=arith)"
@@ -51,8 +57,8 @@ def run_warm_start(cfg: DictConfig, agents: dict[str, AgentModule]) -> None:
     problems = build_problems(cfg, "warm_start")
     settings = WarmStartConfig(**OmegaConf.to_container(cfg.warm_start, resolve=True))  # type: ignore[arg-type]
     for name, agent in agents.items():
-        with warm_start_bar(name, settings.epochs) as on_epoch:
-            losses = warm_start(agent, problems, settings, on_epoch=on_epoch)
+        with warm_start_bar(name, settings.epochs) as show:
+            losses = warm_start(agent, problems, settings, on_epoch=_epochs(name, show, logger))
         log.info(
             "warm start of %s on %d problems: loss %.3f -> %.3f",
             name,
@@ -60,6 +66,19 @@ def run_warm_start(cfg: DictConfig, agents: dict[str, AgentModule]) -> None:
             losses[0],
             losses[-1],
         )
+
+
+def _epochs(name: str, show: Callable[[float], None], logger: Any) -> Callable[[float], None]:
+    """Per-epoch warm-start callback: the progress bar, and the loss to the logger."""
+    count = itertools.count()
+
+    def on_epoch(loss: float) -> None:
+        show(loss)
+        step = next(count)
+        if logger:
+            logger.log_metrics({f"warm_start/{name}/loss": loss}, step=step)
+
+    return on_epoch
 
 
 def warm_start_needed(cfg: DictConfig) -> bool:
@@ -99,12 +118,12 @@ def build_run(cfg: DictConfig) -> tuple[Any, TreeSearchDataModule, pl.Trainer, A
     """(team module, datamodule, trainer, sandbox) for a training config."""
     pl.seed_everything(cfg.seed, workers=True)
     agents = build_agents(cfg)
+    logger = build_logger(cfg)  # after the models load: a bad model path leaves no MLflow run
     if warm_start_needed(cfg):
-        run_warm_start(cfg, agents)
+        run_warm_start(cfg, agents, logger)
     module: Any = MultiAgentModule(agents)
     sandbox = build_sandbox(cfg)
     datamodule = TreeSearchDataModule(build_rollout(cfg, build_grader(cfg, sandbox)), cfg.steps)
-    logger = build_logger(cfg)
     trainer = hydra.utils.instantiate(
         cfg.trainer, callbacks=build_callbacks(cfg), logger=logger, _convert_="all"
     )
@@ -113,21 +132,70 @@ def build_run(cfg: DictConfig) -> tuple[Any, TreeSearchDataModule, pl.Trainer, A
     return module, datamodule, trainer, sandbox
 
 
+def check_train(cfg: DictConfig) -> None:
+    """Everything a training run checks before it loads a model (the command line runs this
+    before it creates the run folder)."""
+    check_memory(cfg)  # refuses a GPU run that cannot fit, before anything is loaded
+    validate_train_config(cfg)
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit the team; returns the last logged metrics."""
     one_line_per_message()
-    check_memory(cfg)  # refuses a GPU run that cannot fit, before anything is loaded
-    validate_train_config(cfg)  # before any model loads
+    quiet_libraries()
+    out = Path(str(cfg.paths.output_dir))
+    print(f"Run folder: {out}", flush=True)
+    check_train(cfg)
     cfg.ckpt_path = resolve_checkpoint(cfg)  # resume=true: the run folder's newest checkpoint
+    if cfg.get("resume") and not cfg.ckpt_path:
+        log.info("resume: %s has no checkpoint yet; training it again from step 0", out)
     module, datamodule, trainer, sandbox = build_run(cfg)
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    except SystemExit as stop:  # Ctrl-C and SIGTERM end here, after the callbacks saved the step
+        print(f"Stopped at step {trainer.global_step}. {written(out, trainer)}", flush=True)
+        print("Continue this run with resume=true (the newest run of the experiment).", flush=True)
+        if stop.code in (
+            None,
+            0,
+        ):  # Lightning's SIGTERMException exits 0: a stopped run is not done
+            raise SystemExit(128 + signal.SIGTERM) from stop
+        raise
     finally:
         sandbox.close()
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    if cfg.get("ckpt_path") and datamodule.last is None:  # resumed a run that had finished
+        log.info(
+            "nothing to train: %s already holds step %d of trainer.max_steps=%s; raise steps "
+            "(or trainer.max_steps) to continue it",
+            cfg.ckpt_path, trainer.global_step, trainer.max_steps,
+        )  # fmt: skip
     log.info(
         "finished at step %d: %s",
         trainer.global_step,
         {k: round(v, 4) for k, v in metrics.items() if "/" not in k},
     )
+    print(written(out, trainer), flush=True)
     return metrics
+
+
+def written(out: Path, trainer: Any = None) -> str:
+    """What a training run left in its folder, one path per line."""
+    lines = []
+    last = latest_checkpoint(out)
+    if last is not None:
+        step = f" (step {trainer.global_step})" if trainer is not None else ""
+        lines.append(f"  checkpoint   {last}{step}")
+    entries = (
+        ("agents", "agents", "Hugging Face folders of the trained agents"),
+        ("trees", "trees", "the search trees of every step"),
+        ("overview", "overview.png", "expansion share and reward per agent over the steps"),
+        ("tree pages", "tree_pages", "HTML pages of the last step's trees"),
+    )
+    for label, name, what in entries:
+        if (out / name).exists():
+            lines.append(f"  {label:<12} {out / name}  ({what})")
+    lines += tracker_lines(getattr(trainer, "logger", None))
+    if not (out / CHECKPOINT_DIR).exists():
+        lines.append("  (no checkpoint yet)")
+    return "Wrote:\n" + "\n".join(lines)

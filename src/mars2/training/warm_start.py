@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import torch
 
 from mars2.data.problem import Problem
-from mars2.generation.oracle import reference_solution
 from mars2.generation.prompt import encode_prompt
+from mars2.generation.reference import reference_solution
 from mars2.search.prompts import PromptBuilder
 from mars2.training.agent_module import AgentModule
 
@@ -26,6 +26,14 @@ class WarmStartConfig:
     # Stop early once an epoch's mean loss is at or below this: a level of fit rather than a
     # number of epochs, which lands at very different skill from one seed to the next.
     target_loss: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 or self.batch_size < 1:
+            raise ValueError(
+                f"epochs and batch_size must be >= 1, got {self.epochs} and {self.batch_size}"
+            )
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
 
 
 def answer_text(problem: Problem) -> str:

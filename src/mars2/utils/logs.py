@@ -25,3 +25,38 @@ def one_line_per_message() -> None:
             ):
                 logger.removeHandler(handler)
         logger.propagate = True
+
+
+# Library messages that say nothing about the run: adverts, and MLflow creating an experiment
+# that a first run of course does not find.
+_NOISE = {
+    "lightning.pytorch.utilities.rank_zero": ("💡 Tip",),
+    "lightning.fabric.utilities.rank_zero": ("💡 Tip",),
+    "lightning.pytorch.loggers.mlflow": ("Experiment with name",),
+}
+
+
+class _DropPrefixes(logging.Filter):
+    def __init__(self, prefixes: tuple[str, ...]) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).lstrip().startswith(self.prefixes)
+
+
+def quiet_libraries() -> None:
+    """Silence library adverts, per-file progress bars (weight loading, shard writing) and
+    MLflow's set-up chatter in our commands; warnings and errors still show."""
+    for name, prefixes in _NOISE.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropPrefixes) for f in logger.filters):
+            logger.addFilter(_DropPrefixes(prefixes))
+    for name in ("mlflow.store.db.utils", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    try:
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        pass

@@ -1,13 +1,18 @@
 """Which run folder a command writes into, and which checkpoint a resumed run starts from.
 
-`ckpt_path=<run>/checkpoints/last.ckpt` (training) and `resume=true` (the newest run of this
-experiment) or `resume=<run folder>` continue the same folder, so its trees, views, checkpoints
-and MLflow run (see `mars2.utils.tracking`) carry on. The folder is chosen by the
-`${mars2_run_dir:...}` resolver that `configs/hydra/default.yaml` uses for `hydra.run.dir`.
+`ckpt_path=<run>/checkpoints/last.ckpt` (training) and `resume=true` or `resume=<run folder>`
+continue the same folder, so its trees, views, checkpoints and MLflow run (see
+`mars2.utils.tracking`) carry on. Training resumes the newest run of the experiment, finished or
+not (one stopped before its first checkpoint restarts from step 0 in its own folder). An
+evaluation resumes only a run whose `eval_record.json` (every setting its rows depend on) matches,
+so rows made with other weights, data or settings are never mixed in. The folder is chosen by
+the `${mars2_run_dir:...}` resolver that `configs/hydra/default.yaml` uses for `hydra.run.dir`.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import sys
 from pathlib import Path
@@ -15,6 +20,8 @@ from typing import Any
 
 from hydra.experimental.callback import Callback as HydraCallback
 from omegaconf import OmegaConf
+
+from mars2.utils.atomic import atomic_write_text
 
 CHECKPOINT_DIR = "checkpoints"
 RESOLVER = "mars2_run_dir"
@@ -45,20 +52,146 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
-def _latest_run(runs_root: Path, task: str) -> Path | None:
-    if not runs_root.is_dir():
+def _last_active(folder: Path) -> float:
+    """When a command last worked in a run folder (Hydra rewrites `.hydra/config.yaml` at each
+    start; checkpoints and the folder's own entries change as it runs)."""
+    stamps = [folder.stat().st_mtime]
+    for path in (folder / ".hydra" / "config.yaml", latest_checkpoint(folder)):
+        if path is not None and path.exists():
+            stamps.append(path.stat().st_mtime)
+    return max(stamps)
+
+
+def runs_newest_first(runs_root: str | Path) -> list[Path]:
+    """The run folders of one experiment, the most recently active first."""
+    root = Path(runs_root)
+    if not root.is_dir():
+        return []
+    folders = [f for f in root.iterdir() if f.is_dir() and not f.name.startswith(".")]
+    return sorted(folders, key=lambda f: (_last_active(f), f.name), reverse=True)
+
+
+# --- what defines an evaluation's numbers -------------------------------------------------------
+
+EVAL_RECORD = "eval_record.json"
+# The settings an evaluation's rows depend on; paths, logging, worker counts, training-only
+# settings (optimizer, loss) and search.config.max_nodes (eval.tree_budget replaces it) are left
+# out.
+RECORD_KEYS = ("seed", "eval", "data.eval", "generation", "search.config", "grader", "sandbox")
+_AGENT_RECORD_PARTS = ("model", "generation")
+_NOT_RESULTS = {"sandbox.num_workers", "search.config.max_nodes"}
+_FINGERPRINT_BYTES = 1 << 20
+
+
+def fingerprint(path: str | Path) -> str:
+    """A cheap identity of a (possibly multi-GB) file: its size and hashes of its first and last
+    MiB; any rewrite of a checkpoint or data file changes it."""
+    file = Path(path)
+    digest = hashlib.sha256(str(file.stat().st_size).encode())
+    with open(file, "rb") as handle:
+        digest.update(handle.read(_FINGERPRINT_BYTES))
+        handle.seek(max(0, file.stat().st_size - _FINGERPRINT_BYTES))
+        digest.update(handle.read(_FINGERPRINT_BYTES))
+    return f"sha256:{digest.hexdigest()[:16]} ({file.stat().st_size} bytes)"
+
+
+def _flatten(value: Any, prefix: str, out: dict[str, str]) -> None:
+    if isinstance(value, dict) and value:
+        for key, child in value.items():
+            _flatten(child, f"{prefix}.{key}", out)
+    elif prefix not in _NOT_RESULTS:
+        out[prefix] = json.dumps(value, sort_keys=True, default=str)
+
+
+def eval_record(cfg: Any) -> dict[str, str]:
+    """Dotted key -> value of every setting an evaluation's rows depend on: the data selection
+    (and its file's fingerprint), the checkpoint's fingerprint, the agents, every eval.* setting,
+    the search, the grader, the sandbox limits and the seed."""
+    out: dict[str, str] = {}
+    for key in RECORD_KEYS:
+        node = OmegaConf.select(cfg, key, default=None)
+        value = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+        _flatten(value, key, out)
+    for name, agent in (OmegaConf.select(cfg, "agents", default=None) or {}).items():
+        for part in _AGENT_RECORD_PARTS:
+            node = agent.get(part)
+            value = (
+                OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+            )
+            _flatten(value, f"agents.{name}.{part}", out)
+    for key in ("ckpt_path", "data.eval.path"):
+        given = OmegaConf.select(cfg, key, default=None)
+        if given and Path(str(given)).is_file():
+            out[f"{key} (file)"] = fingerprint(str(given))
+    return out
+
+
+def record_differences(old: dict[str, str], new: dict[str, str], shown: int = 6) -> str:
+    """`key (old -> new)` for the settings that differ, the first `shown` of them."""
+    keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    parts = [f"{k} ({old.get(k, 'unset')} -> {new.get(k, 'unset')})" for k in keys[:shown]]
+    if len(keys) > shown:
+        parts.append(f"and {len(keys) - shown} more")
+    return ", ".join(parts)
+
+
+def read_record(folder: str | Path) -> dict[str, str] | None:
+    path = Path(folder) / EVAL_RECORD
+    if not path.is_file():
         return None
-    candidates = []
-    for folder in runs_root.iterdir():
-        if not folder.is_dir():
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return dict(data.get("settings", {})) if isinstance(data, dict) else None
+
+
+def write_record(folder: str | Path, record: dict[str, str]) -> None:
+    text = json.dumps({"settings": record}, indent=1, sort_keys=True) + "\n"
+    atomic_write_text(Path(folder) / EVAL_RECORD, text)
+
+
+def _has_rows(folder: Path) -> bool:
+    return any((folder / "results").glob("*.jsonl"))
+
+
+def check_eval_folder(folder: str | Path, record: dict[str, str], setting: str) -> None:
+    """Refuse to add rows to `folder` when its rows were made with other settings."""
+    path = Path(folder)
+    kept = read_record(path)
+    if kept is None:
+        if _has_rows(path):
+            raise RunFolderError(
+                f"{setting}={path} holds results but no {EVAL_RECORD} (an older mars2 kept no "
+                "record of its settings), so its rows cannot be matched to these settings; "
+                "evaluate into a new folder (drop resume)."
+            )
+        return
+    if kept != record:
+        raise RunFolderError(
+            f"{setting}={path} was evaluated with other settings: {record_differences(kept, record)}. "
+            "Its rows would mix with these; resume with the same settings, or drop resume to "
+            "start a new evaluation."
+        )
+
+
+def matching_eval_run(runs_root: str | Path, record: dict[str, str]) -> tuple[Path | None, str]:
+    """The newest evaluation under `runs_root` made with exactly `record`, else None and why."""
+    newest: tuple[Path, dict[str, str]] | None = None
+    for folder in runs_newest_first(runs_root):
+        kept = read_record(folder)
+        if kept is None:
             continue
-        if task == "train":
-            newest = latest_checkpoint(folder)
-            if newest is not None:
-                candidates.append((newest.stat().st_mtime, folder.name, folder))
-        elif (folder / "results").is_dir():
-            candidates.append((folder.stat().st_mtime, folder.name, folder))
-    return max(candidates)[2] if candidates else None
+        if kept == record:
+            return folder, f"resume=true: continuing {folder} (same settings)"
+        newest = newest or (folder, kept)
+    if newest is None:
+        return None, f"resume=true: no earlier evaluation under {runs_root}; starting a new one"
+    folder, kept = newest
+    return None, (
+        f"resume=true: no earlier evaluation has these settings (the newest, {folder.name}, "
+        f"differs in {record_differences(kept, record)}); starting a new one, nothing reused"
+    )
 
 
 def check_writable(folder: str | Path, setting: str) -> None:
@@ -80,16 +213,21 @@ def check_writable(folder: str | Path, setting: str) -> None:
 
 
 def choose_run_dir(
-    task: str, ckpt_path: Any, resume: Any, runs_root: str, fresh: str
+    task: str, ckpt_path: Any, resume: Any, runs_root: str, fresh: str, _root_: Any = None
 ) -> str:  # fmt: skip
-    """The run folder: the checkpoint's own run (training), the resumed run, or a fresh one."""
+    """The run folder: the checkpoint's own run (training), the resumed run, or a fresh one.
+
+    Training `resume=true` takes the newest run of the experiment, finished or not. Evaluation
+    `resume=true` takes the newest run whose settings match exactly, else a fresh folder;
+    `resume=<folder>` with other settings is refused (`_root_`, the whole config, gives them).
+    """
     root = Path(runs_root)
     if task == "train" and ckpt_path:
         ckpt = Path(str(ckpt_path)).expanduser()
         if not ckpt.exists():
             raise RunFolderError(
                 f"ckpt_path={ckpt_path}: no such checkpoint. Checkpoints are written to "
-                f"<run folder>/{CHECKPOINT_DIR}/ (last.ckpt is the newest); resume=true finds "
+                f"<run folder>/{CHECKPOINT_DIR}/ (last.ckpt is the newest); resume=true continues "
                 f"the newest run of this experiment under {root}."
             )
         folder = ckpt.resolve().parent
@@ -97,6 +235,7 @@ def choose_run_dir(
         check_writable(chosen, "ckpt_path (a resumed run writes into its own folder)")
         return str(chosen)
     if _truthy(resume):
+        record = eval_record(_root_) if task == "eval" and _root_ is not None else None
         if isinstance(resume, str) and resume.strip().lower() != "true":
             chosen = Path(resume).expanduser()
             if not chosen.is_dir():
@@ -104,15 +243,22 @@ def choose_run_dir(
                     f"resume={resume}: no such run folder. Pass a folder under {root} or "
                     "resume=true for the newest run of this experiment."
                 )
-        else:
-            latest = _latest_run(root, task)
-            if latest is None:
-                what = "a checkpoint" if task == "train" else "results"
+            if record is not None:
+                check_eval_folder(chosen, record, "resume")
+        elif task == "train":
+            runs = runs_newest_first(root)
+            if not runs:
                 raise RunFolderError(
-                    f"resume=true found no run with {what} under {root} (experiment_name picks "
-                    "the folder); start a fresh run without resume, or pass resume=<run folder>."
+                    f"resume=true found no run under {root} (experiment_name picks the folder); "
+                    "start a fresh run without resume, or pass resume=<run folder>."
                 )
-            chosen = latest
+            chosen = runs[0]
+        else:
+            match = matching_eval_run(root, record) if record is not None else (None, "")
+            if match[0] is None:
+                check_writable(fresh, "hydra.run.dir")
+                return fresh
+            chosen = match[0]
         check_writable(chosen, "resume")
         return str(chosen)
     check_writable(fresh, "hydra.run.dir (default: paths.log_dir/<task>/runs/<experiment>/<time>)")
@@ -121,18 +267,13 @@ def choose_run_dir(
 
 def resolve_checkpoint(cfg: Any) -> str | None:
     """The checkpoint a training run starts from: `ckpt_path`, or with `resume` the newest one in
-    the run folder; None for a fresh run."""
+    the run folder; None for a fresh run, and for a resumed run stopped before its first
+    checkpoint (it restarts from step 0 in its own folder)."""
     if cfg.get("ckpt_path"):
         return str(cfg.ckpt_path)
     if _truthy(cfg.get("resume")):
-        out = Path(str(cfg.paths.output_dir))
-        found = latest_checkpoint(out)
-        if found is None:
-            raise RunFolderError(
-                f"resume is set but {out / CHECKPOINT_DIR} holds no checkpoint; the run stopped "
-                "before its first one (callbacks.checkpoint.every_n_train_steps)."
-            )
-        return str(found)
+        found = latest_checkpoint(Path(str(cfg.paths.output_dir)))
+        return str(found) if found is not None else None
     return None
 
 

@@ -134,17 +134,38 @@ class RunTracker(MLFlowLogger):
             name = metric_key(key)
             if name in seen:
                 continue  # a step redone after a resume: the history keeps its first value
-            seen.add(name)
             clean[name] = value
         for old in [s for s in self._logged if s < at - 1]:  # steps only move forward
             del self._logged[old]
         if clean:
-            super().log_metrics(clean, step)
+            try:
+                super().log_metrics(clean, step)
+            except BaseException:  # e.g. Ctrl-C: the flush that follows retries what did not land
+                if self._landed(next(iter(clean)), at):
+                    seen.update(clean)
+                raise
+            seen.update(clean)
+
+    def _landed(self, name: str, step: int) -> bool:
+        """Whether `name` at `step` is in the run (one batch of metrics is written at once)."""
+        try:
+            history = self.experiment.get_metric_history(self.run_id, name)
+        except Exception:  # cannot tell: a retry may then log the point twice, never lose it
+            return False
+        return any(int(point.step) == step for point in history)
 
     def finalize(self, status: str = "success") -> None:
         if status == "failed" and isinstance(sys.exc_info()[1], KeyboardInterrupt | SystemExit):
             status = "KILLED"  # Ctrl-C, or SIGTERM (Lightning raises SIGTERMException)
         super().finalize(status)
+
+
+def tracker_lines(logger: Any) -> list[str]:
+    """Where a run's MLflow record is, for the list of what a command wrote."""
+    if not isinstance(logger, MLFlowLogger) or not getattr(logger, "_initialized", False):
+        return []
+    uri = getattr(logger, "_tracking_uri", None) or "the default tracking URI"
+    return [f"  {'MLflow':<12} run {logger.run_id} in {uri} (mlflow ui --backend-store-uri {uri})"]
 
 
 def mark_stale_runs(client: Any, experiment_id: str | None, keep: str | None = None) -> list[str]:

