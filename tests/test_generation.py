@@ -14,7 +14,7 @@ from mars2.generation.engines import EnginePool
 from mars2.generation.factory import StaleWeightsError, build_generators
 from mars2.generation.prompt import encode_prompt
 from mars2.generation.transformers_backend import ScriptedGenerator, TransformersGenerator
-from mars2.generation.vllm_backend import engine_args, lora_rank, merged_weights
+from mars2.generation.vllm_backend import engine_args, lora_rank, merged_weights, streamed_weights
 from mars2.models.loading import LoraSpec, ModelSpec, load_policy, load_tokenizer
 from mars2.training.agent_module import AgentModule
 from mars2.training.losses import token_logprobs
@@ -75,6 +75,33 @@ def test_lora_weights_merge_without_destroying_the_adapter(tiny_models_dir: Path
     assert not torch.allclose(with_adapter, without)
 
 
+def test_streamed_weights_merge_lora_like_peft_and_leave_the_policy_untouched(
+    tiny_models_dir: Path,
+) -> None:
+    import copy
+
+    spec = ModelSpec(
+        str(tiny_models_dir / "tiny_llama"),
+        lora=LoraSpec(r=4, alpha=8, target_modules=("q_proj", "v_proj", "down_proj")),
+    )
+    policy = load_policy(spec)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn_like(p) * 0.1)
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    expected = copy.deepcopy(policy).merge_and_unload().state_dict()  # peft's own merge
+    stream = streamed_weights(policy)
+    assert not isinstance(stream, list | dict)  # produced one tensor at a time
+    got = dict(stream)
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        torch.testing.assert_close(got[key], value, rtol=0, atol=1e-6)
+    # the policy's own tensors are exactly as they were (peft's merge/unmerge rounds them)
+    assert all(torch.equal(v, before[k]) for k, v in policy.state_dict().items())
+
+
 # -- the generator factory, engine pool and vLLM generators (a fake engine: no vLLM here) --------
 
 
@@ -112,6 +139,41 @@ def test_engine_args_follow_vllms_rl_recipe() -> None:
         engine_args(spec, GenerationConfig(backend="vllm", vllm={"logprobs_mode": "raw_logprobs"}))
 
 
+def test_tensor_parallel_engines_are_checked_before_they_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mars2.generation.engines import _launcher_ranks
+
+    spec = ModelSpec("some/model")
+    config = GenerationConfig(backend="vllm", vllm={"tensor_parallel_size": 2})
+    args = engine_args(spec, config, world_size=4)
+    assert args["tensor_parallel_size"] == 2  # vLLM's own argument, passed through
+    assert args["distributed_executor_backend"] == "external_launcher"
+    with pytest.raises(ValueError, match="needs 2 trainer ranks"):
+        engine_args(spec, config)  # one process cannot be two tensor-parallel workers
+    pool = EnginePool(FakeRuntime())
+    assert pool.engine_group(1) is None  # no group without tensor parallelism
+    with pytest.raises(ValueError, match="share one tensor_parallel_size"):
+        pool.engine_group(2)
+    with pytest.raises(ValueError, match="must divide the number of trainer ranks"):
+        EnginePool(FakeRuntime()).engine_group(2)  # one process here, not a group of two
+    from types import SimpleNamespace
+
+    from mars2.generation.vllm_backend import VLLMGenerator
+
+    sleepy = GenerationConfig(backend="vllm", vllm={"enable_sleep_mode": True})
+    with pytest.raises(ValueError, match="tensor-parallel engine stays awake"):
+        VLLMGenerator(None, FakeRuntime(), None, sleepy, SimpleNamespace(size=2), "agent:a")  # type: ignore[arg-type]
+    # vLLM's external_launcher reads RANK/LOCAL_RANK: a launcher's own values are kept
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert _launcher_ranks() == {}
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("LOCAL_RANK")
+    monkeypatch.setenv("SLURM_LOCALID", "3")
+    assert _launcher_ranks()["LOCAL_RANK"] == "3"  # srun's; RANK comes from the process group
+
+
 def test_a_stale_generator_raises_until_synced(tiny_models_dir: Path) -> None:
     agent = _agent(tiny_models_dir / "tiny_llama", GenerationConfig(max_new_tokens=4))
     generator = build_generators({agent.name: agent})[agent.name]
@@ -126,6 +188,23 @@ def test_a_stale_generator_raises_until_synced(tiny_models_dir: Path) -> None:
     assert len(generator.generate([CHAT])) == 1
     agent.load_state_dict(agent.state_dict())  # so does loading weights (resume, eval ckpt)
     assert generator.stale
+
+
+def test_a_checkpoint_of_an_untrained_optimizer_leaves_the_generator_current(
+    tiny_models_dir: Path,
+) -> None:
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    agent = _agent(tiny_models_dir / "tiny_llama", GenerationConfig(max_new_tokens=4))
+    agent.generator = build_generators({agent.name: agent})[agent.name]
+    optimizer, _ = agent.build_optimizer()
+    before = {k: v.clone() for k, v in agent.policy.state_dict().items()}
+    # trainer=fsdp's checkpoint: an optimizer without state is stepped at lr 0 to create it
+    get_optimizer_state_dict(agent.policy, optimizer)
+    assert optimizer.state and all(g["lr"] > 0 for g in optimizer.param_groups)  # it stepped
+    assert all(torch.equal(v, before[k]) for k, v in agent.policy.state_dict().items())
+    assert not agent.generator.stale  # the weights did not change: nothing to sync
+    assert len(agent.generator.generate([CHAT])) == 1
 
 
 def test_eval_of_a_checkpoint_with_vllm_samples_the_checkpoint(
@@ -161,6 +240,15 @@ def test_eval_of_a_checkpoint_with_vllm_samples_the_checkpoint(
                                                   max_new_tokens=len(sampled))  # fmt: skip
     assert sampled == expected[0, len(prompt) :].tolist()
     assert runtime.closed == [llm]
+
+
+def test_streaming_refuses_tensor_parallel_engines(tiny_models_dir: Path) -> None:
+    # the pipelined driver streams per rank; a tensor-parallel group's ranks must replay one order
+    config = GenerationConfig(backend="vllm", vllm={"tensor_parallel_size": 2})
+    agent = _agent(tiny_models_dir / "tiny_llama", config)
+    with EnginePool(FakeRuntime()) as pool:
+        with pytest.raises(ValueError, match="needs the rounds driver"):
+            build_generators({agent.name: agent}, pool, streaming=True)
 
 
 def test_sleeping_engine_wakes_only_into_current_weights(tiny_models_dir: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -54,7 +55,7 @@ def test_full_fine_tuning_terms_match_a_hand_computation() -> None:
     assert shape.total_params == params
     plan = AgentPlan(
         name="a", shape=shape, dtype="bfloat16", reference=True,
-        gradient_checkpointing=False, micro_batch_size=2, seq_len=5,
+        gradient_checkpointing=False, micro_batch_size=2, seq_len=5, logprob_chunk_tokens=0,
     )  # fmt: skip
     est = estimate([plan], ClusterPlan(gpu_gib=80.0))
     by_name = {t.name: t.gib * GIB for t in est.terms}
@@ -167,17 +168,83 @@ def test_an_agent_of_unknown_size_is_not_blocked_at_start_up(
     assert "memory estimate skipped" in caplog.text
 
 
-def test_a_sharded_run_counts_the_whole_weights_a_sync_gathers() -> None:
+def test_chunked_logits_count_one_chunk_of_the_vocabulary() -> None:
+    shape = ModelShape.from_mapping(QWEN3_14B)
+    whole = AgentPlan(name="a", shape=shape, lora_r=16, seq_len=18432, logprob_chunk_tokens=0)
+    chunked = dataclasses.replace(whole, logprob_chunk_tokens=1024)
+    full_ft = dataclasses.replace(chunked, lora_r=None)
+
+    def logits(plan: AgentPlan) -> float:
+        terms = {t.name: t.gib * GIB for t in estimate([plan], ClusterPlan(139.8)).terms}
+        return terms["logits and log-probs"]
+
+    assert logits(whole) == 18432 * 151936 * 18  # 47 GiB: the 16k-token sample
+    # one [1024, vocab] chunk at 8 bytes, plus the bf16 hidden states the chunks read
+    assert logits(chunked) == 1024 * 151936 * 8 + 18432 * 5120 * 2
+    # a trained output head adds its fp32 gradient accumulator
+    assert logits(full_ft) == logits(chunked) + 151936 * 5120 * 4
+    assert logits(whole) / logits(chunked) > 25
+
+
+def test_fsdp_shards_a_lora_agents_frozen_base_but_not_a_quantised_one() -> None:
+    shape = ModelShape.from_mapping(QWEN3_14B)
+    lora = AgentPlan(name="a", shape=shape, lora_r=64)
+    qlora = dataclasses.replace(lora, quantization="4bit")
+    sharded, alone = ClusterPlan(139.8, 8, sharded=True), ClusterPlan(139.8, 8)
+    for plan, divided in ((lora, True), (qlora, False)):
+        a = {t.name: t.gib for t in estimate([plan], alone).terms}
+        b = {t.name: t.gib for t in estimate([plan], sharded).terms}
+        base = f"frozen base ({plan.quantization or plan.dtype})"
+        assert b[base] == pytest.approx(a[base] / 8 if divided else a[base])
+        assert b["optimizer states (adamw)"] == pytest.approx(
+            a["optimizer states (adamw)"] / (8 if divided else 1)
+        )
+        assert ("all-gathered layers (FSDP)" in b) is divided
+
+
+def test_tensor_parallel_engines_split_weights_and_kv_heads() -> None:
+    shape = ModelShape.from_mapping(QWEN3_14B)  # 8 KV heads
+    need = {}
+    for tp in (1, 4, 16):
+        engine = EnginePlan(0.01, sleep=False, max_model_len=4096, key="a", tensor_parallel_size=tp)
+        (problem,) = estimate([AgentPlan(name="a", shape=shape, engine=engine)],
+                              ClusterPlan(139.8, 16)).problems  # fmt: skip
+        need[tp] = float(problem.split(" need ")[1].split(" GiB")[0])
+    weights = QWEN3_14B_PARAMS * 2 / GIB
+    kv = 2 * 40 * 8 * 128 * 2 * 4096 / GIB
+    assert need[1] == pytest.approx(weights + kv + 2.0, abs=0.05)
+    assert need[4] == pytest.approx(weights / 4 + kv / 4 + 2.0, abs=0.05)
+    # beyond 8 ranks a KV head is replicated, not split further
+    assert need[16] == pytest.approx(weights / 16 + kv / 8 + 2.0, abs=0.05)
+
+
+def test_a_sync_streams_one_layer_not_the_whole_weights() -> None:
     shape = ModelShape.from_mapping(QWEN3_14B)
     engine = EnginePlan(gpu_memory_utilization=0.25, sleep=True, max_model_len=4096, key="a")
     plan = AgentPlan(name="a", shape=shape, engine=engine)
     est = estimate([plan], ClusterPlan(139.8, 8, sharded=True))
     terms = {t.name: t for t in est.terms}
-    sync = terms["whole weights gathered for a sync"]
-    assert sync.phase == "generate" and sync.gib * GIB == QWEN3_14B_PARAMS * 2
-    # resident shards + the engine's budget + the gathered weights
+    sync = terms["one layer during a streamed sync"]
+    # the largest piece held whole: the 151936 x 5120 embedding (a decoder layer is 330M)
+    assert sync.phase == "generate" and sync.gib * GIB == 151936 * 5120 * 2
     resident = est.phase("resident")
     assert est.generate_peak == pytest.approx(resident + 0.25 * 139.8 + sync.gib)
+    # shared-base LoRA engines load the adapter from disk: nothing streamed
+    shared = EnginePlan(0.25, sleep=False, max_model_len=4096, key="Qwen/Qwen3-14B")
+    lora = AgentPlan(name="a", shape=shape, lora_r=16, engine=shared)
+    names = {t.name for t in estimate([lora], ClusterPlan(139.8, 8)).terms}
+    assert "one layer during a streamed sync" not in names
+
+
+def test_the_32b_pair_fits_one_h200_node_and_full_fine_tuning_two() -> None:
+    lora = estimate_config(compose(["experiment=qwen3_32b_pair", "memory.gpu=h200"]))
+    assert lora.fits and lora.cluster.world_size == 8 and lora.cluster.sharded
+    terms = {(t.agent, t.name): t.gib for t in lora.terms}
+    assert terms[("qwen3_32b", "frozen base (bfloat16)")] == pytest.approx(61.0 / 8, abs=0.1)
+    full = compose(["experiment=qwen3_32b_pair_full", "memory.gpu=h200"])
+    assert estimate_config(full).fits and estimate_config(full).cluster.world_size == 16
+    one_node = compose(["experiment=qwen3_32b_pair_full", "memory.gpu=h200", "trainer.num_nodes=1"])
+    assert not estimate_config(one_node).fits
 
 
 def test_memory_knobs_follow_swapped_agents() -> None:

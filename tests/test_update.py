@@ -222,6 +222,7 @@ class _LiteAgent:
     loss_mask = AgentModule.loss_mask
     freeze_rollout = AgentModule.freeze_rollout
     reference_logprobs = AgentModule.reference_logprobs
+    next_token_logprobs = AgentModule.next_token_logprobs
 
     def __init__(self, variant: str) -> None:
         from mars2.training.agent_module import GenerationConfig

@@ -350,3 +350,184 @@ def test_each_ddp_rank_owns_an_engine_through_external_launcher(
         assert f"rank {rank} served" in out and f"rank {rank} streamed" in out
     served = [next(line for line in o.splitlines() if line.startswith("rank ")) for o in outputs]
     assert served[0].split("served")[1] != served[1].split("served")[1]  # two engines, two policies
+
+
+TP_SCRIPT = """
+import json, os, sys, torch, torch.distributed as dist
+sys.path.insert(0, {tests!r})
+from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed.device_mesh import init_device_mesh
+from test_vllm import CHATS, ENGINE, greedy_transformers, greedy_vllm
+from mars2.generation.config import GenerationConfig
+from mars2.generation.engines import EnginePool
+from mars2.generation.factory import build_generators
+from mars2.models.loading import ModelSpec, load_policy
+from mars2.training.agent_module import AgentModule
+from mars2.training.sharding import full_state_dict, shard_model
+
+# as under Lightning's own launcher: the group is set up with an explicit rank and RANK is not in
+# the environment (vLLM's external_launcher reads it: the engine pool fills it in)
+assert "RANK" not in os.environ
+dist.init_process_group("gloo", rank=int(os.environ["TEST_RANK"]), world_size=2)
+rank = dist.get_rank()
+spec = ModelSpec({path!r})
+config = GenerationConfig(backend="vllm", max_new_tokens=6, vllm={{**ENGINE, "tensor_parallel_size": 2}})
+agent = AgentModule("tiny_qwen3", spec, config)
+shard_model(agent.policy, init_device_mesh("cpu", (2,)))  # FSDP2: each rank holds half of each tensor
+with EnginePool() as pool:
+    generator = build_generators({{agent.name: agent}}, pool)[agent.name]  # first streamed sync
+    llm = generator.backend.llm
+    parallel = llm.llm_engine.vllm_config.parallel_config
+    assert parallel.tensor_parallel_size == 2, parallel
+    assert parallel.distributed_executor_backend == "external_launcher", parallel
+    group = generator.backend.group
+    assert group.size == 2 and group.is_leader == (rank == 0)
+    # train-like change of the sharded weights: every rank moves its own shards
+    g = torch.Generator().manual_seed(rank)
+    with torch.no_grad():
+        for p in agent.policy.parameters():
+            local = p.to_local()
+            local.add_(torch.randn(local.shape, generator=g) * 0.1)
+    agent.mark_weights_changed()
+    # what is resident: the policy's shards and the engine's own (tensor-parallel) weights, which
+    # vLLM's reload releases and re-creates layer by layer
+    (engine_model,) = llm.apply_model(lambda model: model)
+    tracker = MemTracker()
+    tracker.track_external(agent.policy, engine_model)
+    with tracker:
+        resident = tracker.get_tracker_snapshot("current")[torch.device("cpu")]["Total"]
+        assert generator.catch_up()  # the streamed sync, gathering one tensor at a time
+    extra = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"] - resident
+    # the trained weights, whole, in an unsharded copy: transformers decodes the reference
+    full = {{k: v.clone() for k, v in full_state_dict(agent.policy)}}
+    reference = load_policy(spec)
+    reference.load_state_dict(full)
+    sizes = {{}}
+    for key, value in full.items():
+        unit = key.split(".")[2] if key.startswith("model.layers.") else key
+        sizes[unit] = sizes.get(unit, 0) + value.numel() * value.element_size()
+    layer_bytes = max(v for k, v in sizes.items() if k.isdigit())
+    prompt = generator.encode_prompt(CHATS[0])
+    served = greedy_vllm(generator, prompt, 6)  # both ranks submit it: one tensor-parallel engine
+    expected = greedy_transformers(reference, prompt, 6)
+    # the ranks' global generators part (the leader's search draws from its own): sampling at
+    # temperature 1 must still agree, the leader seeds every request
+    torch.manual_seed(100 + rank)
+    # a rollout: the leader generates through the group, the follower replays its calls
+    if group.is_leader:
+        completions = generator.generate(CHATS)
+        group.release()
+        replayed = len(completions)
+    else:
+        replayed = group.serve()
+    # evaluation: both ranks call with their own chats; the leader's reach the engine
+    evaluated = [c.token_ids for c in generator.generate(CHATS[rank:rank + 1])]
+    print("RESULT", json.dumps(dict(rank=rank, served=served, expected=expected, extra=extra,
+          layer=layer_bytes, embedding=sizes["model.embed_tokens.weight"],
+          whole=sum(v.numel() * v.element_size() for v in full.values()),
+          replayed=replayed, evaluated=evaluated)), flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def _large_layer_model(tiny: Path, target: Path) -> Path:
+    """tiny_qwen3 with four decoder layers, each larger than its (tied) embedding."""
+    import shutil
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    target.mkdir()
+    for item in (tiny / "tiny_qwen3").iterdir():
+        if "token" in item.name or item.name.endswith(".jinja"):
+            shutil.copy(item, target / item.name)
+    config = AutoConfig.from_pretrained(tiny / "tiny_qwen3")
+    config.num_hidden_layers, config.intermediate_size = 4, 1024
+    config.layer_types = ["full_attention"] * 4
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(target)
+    return target
+
+
+def test_tensor_parallel_group_shares_one_engine_and_syncs_streamed_fsdp_weights(
+    tmp_path: Path, tiny_models_dir: Path
+) -> None:
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    model = _large_layer_model(tiny_models_dir, tmp_path / "model")
+    script = tmp_path / "tp.py"
+    script.write_text(TP_SCRIPT.format(tests=str(REPO / "tests"), path=str(model)))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    env.pop("RANK", None)
+    procs = [
+        subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         env={**env, "TEST_RANK": str(rank), "LOCAL_RANK": str(rank)})
+        for rank in range(2)
+    ]  # fmt: skip
+    outputs = [p.communicate(timeout=900)[0] for p in procs]
+    results = []
+    for proc, out in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, out[-4000:]
+        line = next(x for x in out.splitlines() if x.startswith("RESULT "))
+        results.append(json.loads(line.removeprefix("RESULT ")))
+    first, second = results
+    print({k: [r[k] for r in results] for k in ("extra", "layer", "embedding", "whole")})
+    # one engine: both tensor-parallel workers decode the same tokens, those of the trained weights
+    assert first["served"] == second["served"] == first["expected"] == second["expected"]
+    assert first["replayed"] == 2 and second["replayed"] == 1  # the follower replayed one call
+    # the leader's chat, sampled alike on both ranks whatever their own generators hold
+    assert first["evaluated"] == second["evaluated"] and first["evaluated"][0]
+    for result in results:
+        # streamed: beyond what is resident, the sync never held more than one decoder layer
+        # (the old sync gathered the whole model first: 4 layers and the embedding)
+        assert result["layer"] > result["embedding"] and result["whole"] > 3 * result["layer"]
+        assert 0 < result["extra"] <= result["layer"], result
+
+
+def test_a_two_rank_fsdp_run_trains_a_lora_agent_through_one_tensor_parallel_engine(
+    tmp_path: Path, tiny_models_dir: Path
+) -> None:
+    """The whole loop under Lightning's own launcher (no RANK in the environment): tiny_llama, a
+    LoRA agent on an FSDP2-sharded base, generates through one engine shared by both ranks
+    (tensor_parallel_size 2); its leader searches, the samples are split, the adapter trains and
+    syncs stream in. tiny_qwen3 answers from a script (tests/fsdp_run.py)."""
+    import csv
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    engine = (
+        "{enforce_eager:true,max_model_len:1024,gpu_memory_utilization:0.2,tensor_parallel_size:2}"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    command = [
+        sys.executable, str(REPO / "tests/fsdp_run.py"), "experiment=tiny_pair", "debug=fast",
+        "trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true",
+        "logger=csv", "sandbox.num_workers=1", "problems_per_step=1", "steps=3", "~callbacks.progress",
+        "+trainer.enable_progress_bar=false", f"paths.output_dir={tmp_path}",
+        f"paths.log_dir={tmp_path}/logs", f"paths.tiny_models_dir={tiny_models_dir}",
+        "agents.tiny_llama.generation.backend=vllm", f"+agents.tiny_llama.generation.vllm={engine}",
+        "+agents.tiny_llama.model.lora={_target_:mars2.models.loading.LoraSpec,r:4,alpha:8}",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900,
+                            cwd=tmp_path)  # fmt: skip
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-4000:]
+    assert "tensor_parallel_size=2" in out and "external_launcher" in out
+    (metrics,) = tmp_path.glob("csv/**/metrics.csv")
+    rows = list(csv.DictReader(metrics.open()))
+    assert sum(float(r["trained_samples"]) for r in rows if r.get("trained_samples")) > 0
+    assert any(r.get("tiny_llama/loss") for r in rows)  # the vLLM agent trained
+    for step in range(3):  # the leader grew the group's trees; the follower holds none
+        assert (tmp_path / "trees" / f"step_{step:06d}_rank0.jsonl").read_text().strip()
+        assert not (tmp_path / "trees" / f"step_{step:06d}_rank1.jsonl").read_text().strip()
+    adapter = load_file(tmp_path / "agents" / "tiny_llama" / "adapter_model.safetensors")
+    assert any(v.abs().sum() > 0 for k, v in adapter.items() if "lora_B" in k)  # it moved

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from mars2.generation.engine_group import EngineGroup
+
 log = logging.getLogger(__name__)
 
 
@@ -36,6 +38,25 @@ def _scoped_environ(values: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _launcher_ranks() -> dict[str, str]:
+    """RANK and LOCAL_RANK for vLLM's external_launcher, which reads them from the environment.
+
+    torchrun sets both; Lightning's own launcher and SLURM (`srun`) do not set RANK, so they are
+    taken from the trainer's process group (already initialised) and its device where missing.
+    """
+    import torch.distributed as dist
+
+    env: dict[str, str] = {}
+    if "RANK" not in os.environ and dist.is_available() and dist.is_initialized():
+        env["RANK"] = str(dist.get_rank())
+    if "LOCAL_RANK" not in os.environ:
+        local = os.environ.get("SLURM_LOCALID")
+        if local is None:
+            local = str(torch.cuda.current_device()) if torch.cuda.is_available() else "0"
+        env["LOCAL_RANK"] = local
+    return env
 
 
 class VLLMRuntime:
@@ -58,7 +79,10 @@ class VLLMRuntime:
         # The trainer hands tensors to the engine by reference (collective_rpc with a weights
         # iterator), so the engine core must run in this process. vLLM reads the switch while the
         # engine is built and caches it; the caller's environment is restored afterwards.
-        with _scoped_environ({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}):
+        env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+        if args.get("distributed_executor_backend") == "external_launcher":
+            env.update(_launcher_ranks())
+        with _scoped_environ(env):
             llm = vllm.LLM(**args)
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
@@ -99,6 +123,8 @@ class EnginePool:
         self._workdir: Path | None = None
         self._lora_ids: dict[str, Iterator[int]] = {}
         self._loop: Any = None
+        self._group: EngineGroup | None = None
+        self._tp_size: int | None = None
 
     def engine(self, key: str, args: dict[str, Any]) -> Any:
         """The engine for `key`, started with `args` on first use."""
@@ -135,6 +161,18 @@ class EnginePool:
             self._workdir = Path(tempfile.mkdtemp(prefix="mars2-engines-"))
         return self._workdir
 
+    def engine_group(self, size: int) -> EngineGroup | None:
+        """The ranks sharing this run's tensor-parallel engines (None for size 1): one size a run."""
+        if self._tp_size is not None and self._tp_size != size:
+            raise ValueError(
+                f"vLLM agents of one run must share one tensor_parallel_size (got "
+                f"{self._tp_size} and {size}): vLLM sets its parallel groups up once per process"
+            )
+        self._tp_size = size
+        if size > 1 and self._group is None:
+            self._group = EngineGroup(size)
+        return self._group
+
     def lora_ids(self, key: str) -> Iterator[int]:
         """Fresh LoRA request ids for the engine `key` (never reused while it runs)."""
         return self._lora_ids.setdefault(key, itertools.count(1))
@@ -146,6 +184,7 @@ class EnginePool:
         if self._loop is not None:  # nothing may still be stepping an engine that shuts down
             self._loop.cancel()
             self._loop = None
+        self._group, self._tp_size = None, None
         for key, llm in engines.items():
             try:
                 self.runtime.close(llm)

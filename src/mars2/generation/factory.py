@@ -193,6 +193,14 @@ def _backend(source: GenerationSource, cfg: GenerationConfig, pool: EnginePool |
     )
 
     world = _world_size()
+    tp = int((cfg.vllm or {}).get("tensor_parallel_size") or 1)
+    if streaming and tp > 1:
+        raise ValueError(
+            f"agent {source.name!r}: generation.vllm.tensor_parallel_size={tp} needs the rounds "
+            "driver: the pipelined driver streams from one engine per rank, while a tensor-parallel "
+            "group's ranks must submit the same requests in the same order. Set "
+            "search.config.driver=rounds, or tensor_parallel_size=1"
+        )
     if cfg.shared_base:
         key = _base_key(source)
         group = shared[key]
@@ -207,11 +215,12 @@ def _backend(source: GenerationSource, cfg: GenerationConfig, pool: EnginePool |
             return StreamingSharedBaseLoRAGenerator(llm, pool.runtime, source.tokenizer, cfg,
                                                     adapters, pool.lora_ids(key), pool.loop())  # fmt: skip
         return SharedBaseLoRAGenerator(llm, pool.runtime, source.tokenizer, cfg, adapters,
-                                       pool.lora_ids(key))  # fmt: skip
+                                       pool.lora_ids(key), pool.engine_group(tp),
+                                       source.name)  # fmt: skip
     key = f"agent:{source.name}"
     llm = pool.engine(key, engine_args(source.model_spec, cfg, world_size=world))
     if streaming:
         from mars2.generation.vllm_async import StreamingVLLMGenerator
 
         return StreamingVLLMGenerator(llm, pool.runtime, source.tokenizer, cfg, pool.loop())
-    return VLLMGenerator(llm, pool.runtime, source.tokenizer, cfg)
+    return VLLMGenerator(llm, pool.runtime, source.tokenizer, cfg, pool.engine_group(tp), key)

@@ -3,21 +3,24 @@
 Engines run in the trainer's process, colocated with training, and are started by the run's
 `EnginePool`. After each optimizer step the trainer's weights go in through vLLM's supported
 in-place reload (``collective_rpc("reload_weights", weights_iterator=..., is_checkpoint_format=True)``:
-vLLM's own loaders then repack and post-process them), the prefix cache is reset (cached KV blocks
-belong to the old weights), and with sleep mode the engine's memory is released while the trainer
-runs. Log-probs of the sampled tokens come back as vLLM sampled them (``processed_logprobs``: after
+vLLM's own loaders then repack, shard for tensor parallelism and post-process them), streamed one
+full tensor at a time (`streamed_weights`), the prefix cache is reset (cached KV blocks belong to
+the old weights), and with sleep mode the engine's memory is released while the trainer runs.
+With ``vllm.tensor_parallel_size: k`` each group of k ranks shares one engine per agent, every
+rank one tensor-parallel worker; their calls go through the group's `EngineGroup`. Log-probs of the sampled tokens come back as vLLM sampled them (``processed_logprobs``: after
 temperature), for truncated importance sampling.
 """
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from mars2.generation.base import Completion, Messages
 from mars2.generation.config import GenerationConfig
+from mars2.generation.engine_group import EngineGroup
 from mars2.generation.prompt import encode_prompt
 
 # The LoRA ranks vLLM accepts for max_lora_rank; an adapter of lower rank is served as is.
@@ -79,18 +82,54 @@ def engine_args(
         args.update(enable_lora=True, max_loras=lora_slots, max_lora_rank=lora_rank(max_lora_r))
     if world_size > 1:
         args["distributed_executor_backend"] = "external_launcher"
+    tp = int(extra.get("tensor_parallel_size") or 1)
+    if tp > 1 and world_size == 1:
+        raise ValueError(
+            f"vllm.tensor_parallel_size={tp} needs {tp} trainer ranks (e.g. trainer.devices={tp}): "
+            "each rank is one tensor-parallel worker of the engine, which must run in the "
+            "trainer's processes to take its weights by reference"
+        )
     args.update(extra)
     return args
 
 
-def _sampling(runtime: Any, config: GenerationConfig) -> Any:
+def _check_group(config: GenerationConfig, group: EngineGroup | None) -> None:
+    if group is not None and group.size > 1 and sleep_level(config) is not None:
+        raise ValueError(
+            "vllm.enable_sleep_mode with tensor_parallel_size > 1: a tensor-parallel engine stays "
+            "awake between rollouts (its group's weights are reloaded together at each sync); "
+            "set scale.enable_sleep_mode=false"
+        )
+
+
+def _sampling(runtime: Any, config: GenerationConfig, seed: int | None = None) -> Any:
     return runtime.sampling(
         n=1,
         temperature=config.temperature,
         top_p=config.top_p,
         max_tokens=config.max_new_tokens,
         logprobs=0,  # the sampled token's log-prob
+        seed=seed,
     )
+
+
+def _group_request(prompts: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """Prompts with one sampling seed each, for the ranks of a tensor-parallel group.
+
+    Every rank of the group samples each token itself (external_launcher runs a scheduler and a
+    sampler per rank); unseeded requests draw from the process's global generator, which the ranks'
+    different work (the leader's search) moves apart, and ranks sampling different tokens would
+    feed the engine's collectives different inputs. So the leader seeds every request (from the
+    trainer's seeded torch generator) and the seeds travel with its prompts.
+    """
+    import torch
+
+    return prompts, torch.randint(0, 2**62, (len(prompts),)).tolist()
+
+
+def _params(runtime: Any, config: GenerationConfig, default: Any, seeds: list[int] | None) -> Any:
+    """`default` for every request, or one sampling per request with its group seed."""
+    return default if seeds is None else [_sampling(runtime, config, s) for s in seeds]
 
 
 class VLLMGenerator:
@@ -101,14 +140,20 @@ class VLLMGenerator:
     RL. An engine whose weights were discarded refuses to generate until it is synced again.
     """
 
-    def __init__(self, llm: Any, runtime: Any, tokenizer: Any, config: GenerationConfig) -> None:
+    def __init__(self, llm: Any, runtime: Any, tokenizer: Any, config: GenerationConfig,
+                 group: EngineGroup | None = None, key: str = "") -> None:  # fmt: skip
+        _check_group(config, group)
         self.llm = llm
+        self.runtime, self.config = runtime, config
         self.tokenizer = tokenizer
         self.max_prompt_tokens = config.max_prompt_tokens
         self.sampling = _sampling(runtime, config)
         self.sleep_level = sleep_level(config)
         self.asleep = False
         self.weights_version = 0
+        self.group, self.key = group, key
+        if group is not None:
+            group.register(key, self._generate_ids)
 
     def encode_prompt(self, chat: Messages) -> list[int]:
         return encode_prompt(self.tokenizer, chat, self.max_prompt_tokens)
@@ -119,9 +164,15 @@ class VLLMGenerator:
                 "the vLLM engine is asleep and holds no valid weights: sync_weights(policy) first"
             )
         prompts = [self.encode_prompt(c) for c in chats]
-        outputs = self.llm.generate(
-            [{"prompt_token_ids": p} for p in prompts], self.sampling, use_tqdm=False
-        )
+        if self.group is not None:  # every rank of the group runs its leader's (seeded) prompts
+            return list(self.group.call(self.key, _group_request(prompts)))
+        return self._generate_ids((prompts, None))
+
+    def _generate_ids(self, request: tuple[list[list[int]], list[int] | None]) -> list[Completion]:
+        prompts, seeds = request
+        params = _params(self.runtime, self.config, self.sampling, seeds)
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params,
+                                    use_tqdm=False)  # fmt: skip
         completions = [
             _completion(prompt, output.outputs[0])
             for prompt, output in zip(prompts, outputs, strict=True)
@@ -137,7 +188,7 @@ class VLLMGenerator:
             self.llm.wake_up(tags=["weights"])  # the KV cache stays released during the reload
         self.llm.collective_rpc(
             "reload_weights",
-            kwargs={"weights_iterator": iter(merged_weights(policy)), "is_checkpoint_format": True},
+            kwargs={"weights_iterator": streamed_weights(policy), "is_checkpoint_format": True},
         )
         if self.asleep:
             self.llm.wake_up(tags=["kv_cache"])
@@ -146,22 +197,61 @@ class VLLMGenerator:
         self.weights_version += 1
 
 
-def merged_weights(policy: Any) -> list[tuple[str, Any]]:
-    """(name, tensor) pairs in the base model's naming; a LoRA adapter is merged in and out again."""
+def _whole(tensor: Any) -> Any:
+    """A full tensor: gathered from its shards (FSDP2 DTensor; a collective) or as it is."""
+    full = getattr(tensor, "full_tensor", None)
+    return full() if full is not None else tensor.detach()
+
+
+def _lora_modules(policy: Any) -> dict[str, Any]:
+    """peft's LoRA layers by module name (none for a policy without adapters)."""
     if not hasattr(policy, "peft_config"):
-        # trainer=fsdp: a DTensor shard is gathered whole (every rank syncs, in the same order)
-        return [(n, getattr(p, "full_tensor", p.detach)()) for n, p in policy.state_dict().items()]
-    policy.merge_adapter()
-    try:
-        weights = []
-        for name, p in policy.state_dict().items():
-            if "lora_" in name:
-                continue
-            clean = name.removeprefix("base_model.model.").replace(".base_layer", "")
-            weights.append((clean, p.detach().clone()))
-        return weights
-    finally:
-        policy.unmerge_adapter()
+        return {}
+    return {name: m for name, m in policy.named_modules() if hasattr(m, "lora_A")}
+
+
+def _merged(base: Any, layer: Any, adapter: str) -> Any:
+    """base + B @ A x scaling, as peft's merge computes it, without touching the policy."""
+    if getattr(layer, "use_dora", {}).get(adapter):
+        raise NotImplementedError("syncing a DoRA adapter into vLLM is not supported")
+    delta = (
+        _whole(layer.lora_B[adapter].weight).float() @ _whole(layer.lora_A[adapter].weight).float()
+    )
+    if getattr(layer, "fan_in_fan_out", False):
+        delta = delta.T
+    return (base.float() + delta * layer.scaling[adapter]).to(base.dtype)
+
+
+def streamed_weights(policy: Any) -> Iterator[tuple[str, Any]]:
+    """(name, full tensor) pairs in the base model's naming, produced one at a time.
+
+    A sharded (FSDP2) tensor is gathered only when its turn comes and a LoRA adapter is merged into
+    its base weight on the fly (the policy itself is never modified), so beyond what is resident a
+    sync holds one full tensor and its merged copy, plus what the engine buffers while it loads.
+    Every rank must consume it whole, in the same order (the gathers are collectives).
+    """
+    lora = _lora_modules(policy)
+    adapter = getattr(policy, "active_adapter", "default")
+    for name, tensor in policy.state_dict().items():
+        if "lora_" in name:
+            continue  # merged into their base weights below
+        full = _whole(tensor)
+        if name.endswith(".base_layer.weight"):
+            layer = lora.get(name.removesuffix(".base_layer.weight"))
+            if layer is not None and adapter in layer.lora_A:
+                full = _merged(full, layer, adapter)
+        yield name.removeprefix("base_model.model.").replace(".base_layer", ""), full
+        del full  # before the next tensor is gathered
+
+
+def merged_weights(policy: Any) -> list[tuple[str, Any]]:
+    """Every (name, full tensor) pair of `streamed_weights` at once (tests, small models)."""
+    return list(streamed_weights(policy))
+
+
+def adapter_state(policy: Any) -> dict[str, Any]:
+    """A peft policy's adapter tensors, whole (gathered from FSDP2 shards; every rank calls it)."""
+    return {name: _whole(t) for name, t in policy.state_dict().items() if "lora_" in name}
 
 
 class SharedBaseLoRAGenerator:
@@ -179,6 +269,8 @@ class SharedBaseLoRAGenerator:
         config: GenerationConfig,
         adapter_dir: Path,
         lora_ids: Iterable[int],
+        group: EngineGroup | None = None,
+        key: str = "",
     ) -> None:
         if sleep_level(config) is not None:
             raise ValueError(
@@ -188,12 +280,16 @@ class SharedBaseLoRAGenerator:
         self.runtime = runtime
         self.tokenizer = tokenizer
         self.max_prompt_tokens = config.max_prompt_tokens
+        self.config = config
         self.sampling = _sampling(runtime, config)
         self.adapter_dir = adapter_dir
         self._ids = iter(lora_ids)
         self._request: Any = None
         self._path: Path | None = None
         self.weights_version = 0
+        self.group, self.key = group, key
+        if group is not None:
+            group.register(key, self._generate_ids)
 
     def encode_prompt(self, chat: Messages) -> list[int]:
         return encode_prompt(self.tokenizer, chat, self.max_prompt_tokens)
@@ -204,7 +300,14 @@ class SharedBaseLoRAGenerator:
                 "call sync_weights(policy) once before generating: the adapter is not loaded yet"
             )
         prompts = [self.encode_prompt(c) for c in chats]
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], self.sampling,
+        if self.group is not None:  # every rank of the group runs its leader's (seeded) prompts
+            return list(self.group.call(self.key, _group_request(prompts)))
+        return self._generate_ids((prompts, None))
+
+    def _generate_ids(self, request: tuple[list[list[int]], list[int] | None]) -> list[Completion]:
+        prompts, seeds = request
+        params = _params(self.runtime, self.config, self.sampling, seeds)
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params,
                                     lora_request=self._request, use_tqdm=False)  # fmt: skip
         return [
             _completion(prompt, output.outputs[0])
@@ -214,7 +317,8 @@ class SharedBaseLoRAGenerator:
     def sync_weights(self, policy: Any) -> None:
         lora_id = next(self._ids)
         path = self.adapter_dir / f"lora_{lora_id}"
-        policy.save_pretrained(str(path))  # a PEFT model saves just its adapter
+        # a PEFT model saves just its adapter; sharded adapters are gathered first
+        policy.save_pretrained(str(path), state_dict=adapter_state(policy))
         old_request, old_path = self._request, self._path
         self._request = self.runtime.lora_request(f"{self.adapter_dir.name}-{lora_id}", lora_id,
                                                   str(path))  # fmt: skip

@@ -7,9 +7,12 @@ term in GiB, grouped by when it is on the GPU:
   references, the CUDA context. Under a sharded strategy (FSDP) the trainable weights, gradients,
   optimizer states and references are divided by the world size.
 - train: activations and logits of one micro-batch of the agent with the largest one (agents step
-  one after another), all-gathered layers under sharding, and the vLLM engines unless they sleep.
+  one after another; logits a chunk of tokens at a time unless `logprob_chunk_tokens` is 0),
+  all-gathered layers under sharding, and the vLLM engines unless they sleep.
 - generate: the vLLM engines. vLLM takes `gpu_memory_utilization` of the whole GPU per engine (its
-  weights, KV cache and work space); sleeping engines are woken one at a time.
+  weights, split over `tensor_parallel_size` ranks, KV cache and work space); sleeping engines are
+  woken one at a time. A weight sync streams one tensor at a time into an engine: at most one
+  layer's full weights are on the GPU beyond what is resident.
 
 The peak is the larger of resident + train and resident + generate. The byte counts per element
 are stated next to each term; they follow what the code in this package allocates.
@@ -31,10 +34,16 @@ GPU_GIB = {"h100": 79.2, "h200": 139.8, "a100": 79.2, "l40s": 44.4}
 CONTEXT_GIB = 2.0
 # vLLM's work space besides weights and KV cache (sampler, CUDA graphs), per engine.
 ENGINE_OVERHEAD_GIB = 2.0
-# Logits of one micro-batch, bytes per (token x vocab) element at the peak of compute_loss: the
-# model's bf16 logits (2), the fp32 log-softmax kept for backward (4), and during the entropy and
-# reference passes or in backward up to three more fp32 copies (12).
+# Logits of one micro-batch computed whole (loss.logprob_chunk_tokens=0), bytes per (token x vocab)
+# element at the peak of compute_loss: the model's bf16 logits (2), the fp32 log-softmax kept for
+# backward (4), and during the entropy and reference passes or in backward up to three more fp32
+# copies (12).
 LOGIT_BYTES = 18
+# Chunked (mars2.training.logprobs), bytes per (chunk x vocab) element: one fp32 block of
+# log-probs and one of its exponentials; backward holds less (torch's MemTracker: 8.0 forward,
+# 6.1 backward for bf16 weights).
+LOGIT_CHUNK_BYTES = 8
+DEFAULT_LOGPROB_CHUNK_TOKENS = 1024  # LossConfig.logprob_chunk_tokens's default
 # One decoder layer's saved activations in elements per token: about 8 x hidden (norms,
 # q/k/v/o, residuals) plus 4 x intermediate (gate, up, activation, product); flash/sdpa attention
 # keeps no seq x seq matrix.
@@ -150,6 +159,11 @@ class EnginePlan:
     sleep: bool
     max_model_len: int
     key: str  # agents whose engines share this key share one engine (shared-base LoRA)
+    tensor_parallel_size: int = 1  # ranks that share one engine, each holding 1/k of its weights
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1:
+            raise ValueError("tensor_parallel_size must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -169,6 +183,7 @@ class AgentPlan:
     seq_len: int = 2048  # prompt + completion tokens of one training sample
     mixed_precision: bool = False  # activations in 16 bit whatever the weights' dtype (autocast)
     engine: EnginePlan | None = None
+    logprob_chunk_tokens: int = DEFAULT_LOGPROB_CHUNK_TOKENS  # 0: whole [tokens, vocab] logits
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_BYTES:
@@ -179,6 +194,13 @@ class AgentPlan:
             raise ValueError(f"{self.name}: a quantised base trains only through LoRA")
         if self.optimizer not in ("adamw", "adamw8bit"):
             raise ValueError(f"unknown optimizer {self.optimizer!r}")
+        if self.logprob_chunk_tokens < 0:
+            raise ValueError("logprob_chunk_tokens must be >= 0")
+
+    @property
+    def sharded_base(self) -> bool:
+        """Whether FSDP can shard this agent's weights (a bitsandbytes 4/8-bit base cannot)."""
+        return self.quantization is None
 
 
 @dataclass(frozen=True)
@@ -275,7 +297,7 @@ def _gib(n_bytes: float) -> float:
 
 def _trainable_terms(plan: AgentPlan, cluster: ClusterPlan) -> list[Term]:
     shape, b = plan.shape, DTYPE_BYTES[plan.dtype]
-    shard = cluster.world_size if cluster.sharded else 1
+    shard = cluster.world_size if cluster.sharded and plan.sharded_base else 1
     terms: list[Term] = []
     if plan.lora_r is None:
         n = shape.total_params / shard
@@ -291,10 +313,10 @@ def _trainable_terms(plan: AgentPlan, cluster: ClusterPlan) -> list[Term]:
             per = NF4_BYTES if plan.quantization == "4bit" else 1.0
             base_bytes = shape.linear_params * per + (base - shape.linear_params) * b
         label = f"frozen base ({plan.quantization or plan.dtype})"
-        terms.append(Term(plan.name, label, _gib(base_bytes), "resident",
-                          "scale.quantization=4bit (QLoRA)"))  # fmt: skip
-        # peft keeps adapters in fp32 even on a bf16 base.
-        n = shape.lora_params(plan.lora_r, plan.lora_targets)
+        terms.append(Term(plan.name, label, _gib(base_bytes / shard), "resident",
+                          "trainer=fsdp (shards it) or scale.quantization=4bit (QLoRA)"))  # fmt: skip
+        # peft keeps adapters in fp32 even on a bf16 base; FSDP shards them with their layers.
+        n = shape.lora_params(plan.lora_r, plan.lora_targets) / shard
         terms.append(Term(plan.name, f"LoRA r={plan.lora_r} weights (fp32)", _gib(n * 4),
                           "resident", "scale.lora.r"))  # fmt: skip
         grad_dtype_bytes = 4
@@ -326,14 +348,29 @@ def _step_terms(plan: AgentPlan, cluster: ClusterPlan) -> list[Term]:
     terms = [
         Term(plan.name, f"activations ({tokens} tokens)", _gib(activations), "train",
              knob + ("" if plan.gradient_checkpointing else ", model.gradient_checkpointing=true")),
-        Term(plan.name, "logits and log-probs", _gib(tokens * shape.vocab_size * LOGIT_BYTES),
-             "train", knob),
+        _logit_term(plan, tokens, compute, knob),
     ]  # fmt: skip
-    if cluster.sharded and plan.lora_r is None:
+    if cluster.sharded and plan.sharded_base:
         gathered = (shape.embedding_params + 2 * shape.layer_params) * DTYPE_BYTES[plan.dtype]
         terms.append(Term(plan.name, "all-gathered layers (FSDP)", _gib(gathered), "train",
                           "more GPUs do not shrink this"))  # fmt: skip
     return terms
+
+
+def _logit_term(plan: AgentPlan, tokens: int, compute: int, knob: str) -> Term:
+    """Logits and log-probs of one micro-batch: whole, or one chunk of tokens at a time."""
+    shape = plan.shape
+    if not plan.logprob_chunk_tokens:
+        return Term(plan.name, "logits and log-probs", _gib(tokens * shape.vocab_size * LOGIT_BYTES),
+                    "train", knob + ", loss.logprob_chunk_tokens (chunks)")  # fmt: skip
+    chunk = min(plan.logprob_chunk_tokens, tokens)
+    # one chunk's blocks, the final hidden states the chunks read (kept for backward) and, when
+    # the output head trains, its fp32 gradient accumulator
+    size = chunk * shape.vocab_size * LOGIT_CHUNK_BYTES + tokens * shape.hidden_size * compute
+    if plan.lora_r is None:
+        size += shape.vocab_size * shape.hidden_size * 4
+    return Term(plan.name, "logits and log-probs", _gib(size), "train",
+                "loss.logprob_chunk_tokens")  # fmt: skip
 
 
 def _engine_terms(plans: list[AgentPlan], cluster: ClusterPlan, est: MemoryEstimate) -> None:
@@ -348,10 +385,14 @@ def _engine_terms(plans: list[AgentPlan], cluster: ClusterPlan, est: MemoryEstim
         assert engine is not None
         budget = engine.gpu_memory_utilization * cluster.gpu_gib
         b = DTYPE_BYTES[first.dtype if first.dtype != "float32" else "bfloat16"]
-        weights = _gib(first.shape.total_params * b)
-        kv_one = _gib(first.shape.kv_bytes_per_token(b) * engine.max_model_len)
+        tp = engine.tensor_parallel_size
+        # tensor parallelism splits the weights and the KV heads (a KV head is replicated on
+        # ranks beyond the number of heads)
+        weights = _gib(first.shape.total_params * b / tp)
+        kv_share = math.ceil(first.shape.num_kv_heads / tp) / first.shape.num_kv_heads
+        kv_one = _gib(first.shape.kv_bytes_per_token(b) * engine.max_model_len * kv_share)
         # LoRA agents served by adapter: one slot per agent on this engine, in the engine's dtype
-        adapters = _gib(sum(p.shape.lora_params(p.lora_r, p.lora_targets) * b for p in members
+        adapters = _gib(sum(p.shape.lora_params(p.lora_r, p.lora_targets) * b / tp for p in members
                             if p.lora_r is not None and engine.key != p.name))  # fmt: skip
         need = weights + kv_one + adapters + ENGINE_OVERHEAD_GIB
         if budget < need:
@@ -371,18 +412,25 @@ def _engine_terms(plans: list[AgentPlan], cluster: ClusterPlan, est: MemoryEstim
         label = "vLLM engine (awake while training)"
         est.terms.append(Term(name, label, budget, "train", knob))
         est.terms.append(Term(name, "vLLM engine", budget, "generate", knob))
-    if cluster.sharded:  # the engine sync gathers one full-FT agent's whole weights at a time
-        synced = [p for p in plans if p.engine is not None and p.lora_r is None]
-        if synced:
-            big = max(synced, key=lambda p: p.shape.total_params)
-            size = _gib(big.shape.total_params * DTYPE_BYTES[big.dtype])
-            est.terms.append(Term(big.name, "whole weights gathered for a sync", size, "generate",
-                                  "LoRA under trainer=ddp (scale.lora)"))  # fmt: skip
+    # A sync streams full tensors into an engine one at a time (gathered from shards under FSDP,
+    # LoRA merged in); vLLM may hold a layer's worth while it loads: one layer's full weights.
+    # Shared-base engines load the adapter from disk instead.
+    synced = [p for p in plans if p.engine is not None and p.engine.key == p.name]
+    if synced:
+        big = max(synced, key=lambda p: _largest_unit(p.shape))
+        size = _gib(_largest_unit(big.shape) * DTYPE_BYTES[big.dtype])
+        est.terms.append(Term(big.name, "one layer during a streamed sync", size,
+                              "generate", "shared-base LoRA (scale.shared_base) syncs adapters"))  # fmt: skip
     if asleep:  # woken one at a time, released while the trainer runs
         budget, _, name = max(asleep)
         est.terms.append(
             Term(name, "vLLM engine (largest; others asleep)", budget, "generate", knob)
         )
+
+
+def _largest_unit(shape: ModelShape) -> int:
+    """Parameters of the largest piece a sync holds whole: a decoder layer or the embedding."""
+    return max(shape.layer_params, shape.vocab_size * shape.hidden_size)
 
 
 def estimate(plans: list[AgentPlan], cluster: ClusterPlan) -> MemoryEstimate:

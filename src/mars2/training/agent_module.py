@@ -13,8 +13,10 @@ import torch
 from mars2.generation.config import GenerationConfig
 from mars2.generation.factory import ServedGenerator
 from mars2.models.export import export_pretrained
+from mars2.models.hidden import forward_with_head, output_head
 from mars2.models.loading import ModelSpec, frozen_copy, load_policy, load_tokenizer
 from mars2.rewards.overlong import OverlongPenalty
+from mars2.training.logprobs import chunked_logprobs_and_entropy
 from mars2.training.losses import LossConfig, policy_loss, token_entropy, token_logprobs
 from mars2.training.members import next_batch
 
@@ -109,13 +111,49 @@ class AgentModule(pl.LightningModule):
         with torch.no_grad():
             if self.model_spec.lora is not None:
                 with self.policy.disable_adapter():
-                    logits = self.policy(input_ids=input_ids, attention_mask=attention_mask).logits
-            else:
-                ref = self._reference[0]
-                if next(ref.parameters()).device != input_ids.device:
-                    ref.to(input_ids.device)
-                logits = ref(input_ids=input_ids, attention_mask=attention_mask).logits
-        return token_logprobs(logits[:, :-1], input_ids[:, 1:], self.generation_config.temperature)
+                    return self.next_token_logprobs(self.policy, input_ids, attention_mask)[0]
+            ref = self._reference[0]
+            if next(ref.parameters()).device != input_ids.device:
+                ref.to(input_ids.device)
+            return self.next_token_logprobs(ref, input_ids, attention_mask)[0]
+
+    def next_token_logprobs(
+        self,
+        model: Any,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        with_entropy: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(log p of each next token, its entropy or None), [B, T-1] at the sampling temperature.
+
+        The output head runs `loss.logprob_chunk_tokens` tokens at a time (no [tokens, vocab]
+        logits are held); models whose logits are more than the head's output are computed whole.
+        """
+        temperature = self.generation_config.temperature
+        targets = input_ids[:, 1:]
+        chunk = self.loss_config.logprob_chunk_tokens
+        head = output_head(model) if chunk else None
+        if head is None:
+            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
+            logprobs = token_logprobs(logits, targets, temperature)
+            if not with_entropy:
+                return logprobs, None
+            with torch.no_grad():
+                return logprobs, token_entropy(logits, temperature)
+        found: dict[str, torch.Tensor] = {}
+
+        def chunked(hidden: torch.Tensor) -> torch.Tensor:
+            logprobs, entropy = chunked_logprobs_and_entropy(hidden[:, :-1], head.weight, targets,
+                                                             temperature, chunk, head.bias,
+                                                             with_entropy)  # fmt: skip
+            if entropy is not None:
+                found["entropy"] = entropy
+            return logprobs
+
+        # inside the model's forward: under FSDP2 the head's weight is whole only there
+        return forward_with_head(model, head, chunked, input_ids, attention_mask), found.get(
+            "entropy"
+        )
 
     def mark_weights_changed(self) -> None:
         """Record that the policy's weights changed: the generator must be synced before sampling."""
@@ -125,8 +163,11 @@ class AgentModule(pl.LightningModule):
     def _weights_loaded(module: Any, incompatible_keys: Any) -> None:
         module.mark_weights_changed()
 
-    def _optimizer_stepped(self, *args: Any) -> None:
-        self.mark_weights_changed()
+    def _optimizer_stepped(self, optimizer: Any, *args: Any) -> None:
+        # A step at lr 0 leaves the weights as they were: torch.distributed.checkpoint steps an
+        # optimizer that has no state yet (an agent that has not trained) that way to create it.
+        if any(float(group.get("lr", 1.0)) != 0.0 for group in optimizer.param_groups):
+            self.mark_weights_changed()
 
     @property
     def has_generator(self) -> bool:
@@ -178,10 +219,7 @@ class AgentModule(pl.LightningModule):
         """
         input_ids, attention = batch["input_ids"], batch["attention_mask"]
         with torch.no_grad():
-            logits = self.policy(input_ids=input_ids, attention_mask=attention).logits[:, :-1]
-            batch["old_logprobs"] = token_logprobs(
-                logits, input_ids[:, 1:], self.generation_config.temperature
-            )
+            batch["old_logprobs"] = self.next_token_logprobs(self.policy, input_ids, attention)[0]
         ref = self.reference_logprobs(input_ids, attention)
         if ref is not None:
             batch["ref_logprobs"] = ref
@@ -198,9 +236,7 @@ class AgentModule(pl.LightningModule):
         """
         input_ids, attention = batch["input_ids"], batch["attention_mask"]
         mask = self.loss_mask(batch)
-        logits = self.policy(input_ids=input_ids, attention_mask=attention).logits[:, :-1]
-        temperature = self.generation_config.temperature
-        logprobs = token_logprobs(logits, input_ids[:, 1:], temperature)
+        logprobs, entropy = self.next_token_logprobs(self.policy, input_ids, attention, True)
         has_rollout = batch["has_rollout_logprobs"].unsqueeze(-1)
         # Without frozen rollout log-probs this is the first update: the policy is the sampler.
         # When a separate engine (vLLM) sampled, its log-probs feed truncated importance sampling.
@@ -219,7 +255,7 @@ class AgentModule(pl.LightningModule):
             num_sequences=num_sequences, num_tokens=num_tokens,
         )  # fmt: skip
         with torch.no_grad():
-            entropy = token_entropy(logits, temperature)
+            assert entropy is not None
             metrics["entropy"] = (entropy * mask).sum() / mask.sum().clamp(min=1)
             metrics["tokens"] = mask.sum()
         return loss, metrics

@@ -8,6 +8,7 @@ from typing import Any
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader, IterableDataset
 
+from mars2.generation.engine_group import engine_group_of
 from mars2.training.batching import micro_batches, shuffle_seed
 from mars2.training.members import team_members
 from mars2.training.rollout import RolloutEngine, TreeBundle
@@ -32,7 +33,8 @@ class TreeSearchDataModule(pl.LightningDataModule):
     (``num_workers=0``) and reads the team from the trainer. The modules pull batches through
     ``training_step(dataloader_iter)``: Lightning then prefetches nothing, so step k+1 is sampled
     after step k's update (on-policy). Under DDP every rank grows its own
-    slice of the step's problems. The next step index is part of the checkpoint, so resuming
+    slice of the step's problems; ranks sharing tensor-parallel engines grow one slice per group
+    and split its samples. The next step index is part of the checkpoint, so resuming
     continues with the batch that would have come next.
     """
 
@@ -58,7 +60,12 @@ class TreeSearchDataModule(pl.LightningDataModule):
         rank = self.trainer.global_rank if self.trainer else 0
         world = self.trainer.world_size if self.trainer else 1
         overlong = {name: agent.overlong for name, agent in agents.items() if agent.overlong}
-        data = self.engine.run(step, self.generators(), rank, world, overlong=overlong)
+        generators = self.generators()
+        group = engine_group_of(generators)  # ranks sharing tensor-parallel engines, if any
+        if group is None:
+            data = self.engine.run(step, generators, rank, world, overlong=overlong)
+        else:
+            data = self.engine.run_in_group(step, generators, group, overlong=overlong)
         self.last = data
         per_agent = {}
         for name, samples in data.samples.items():

@@ -10,6 +10,8 @@ from typing import Literal
 
 import torch
 
+from mars2.training.logprobs import DEFAULT_CHUNK_TOKENS
+
 LossVariant = Literal["grpo", "dr_grpo", "dapo", "gspo"]
 
 
@@ -28,6 +30,9 @@ class LossConfig:
     overlong_buffer, overlong_penalty: DAPO's soft overlong penalty, a reward term (not a loss
     term; see `mars2.rewards.overlong`) over the last `overlong_buffer` tokens before the agent's
     `max_new_tokens`, reaching -overlong_penalty at the cap; buffer 0 disables it.
+    logprob_chunk_tokens: the policy, old-policy and reference log-probs (and the entropy metric)
+    apply the output head to this many tokens at a time, so no [tokens, vocab] logits are held
+    (see `mars2.training.logprobs`); 0 computes the whole micro-batch's logits at once.
     """
 
     variant: LossVariant = "grpo"
@@ -39,6 +44,7 @@ class LossConfig:
     mask_truncated: bool = False
     overlong_buffer: int = 0
     overlong_penalty: float = 1.0
+    logprob_chunk_tokens: int = DEFAULT_CHUNK_TOKENS
 
     def __post_init__(self) -> None:
         if self.variant not in ("grpo", "dr_grpo", "dapo", "gspo"):
@@ -53,6 +59,11 @@ class LossConfig:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.tis_cap is not None and self.tis_cap <= 0:
             raise ValueError(f"tis_cap must be > 0 (or null to disable it), got {self.tis_cap}")
+        if self.logprob_chunk_tokens < 0:
+            raise ValueError(
+                "logprob_chunk_tokens must be >= 0 (0: whole logits), got "
+                f"{self.logprob_chunk_tokens}"
+            )
 
 
 def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:

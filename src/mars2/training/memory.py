@@ -19,6 +19,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from mars2.models.memory import (
+    DEFAULT_LOGPROB_CHUNK_TOKENS,
     GPU_GIB,
     AgentPlan,
     ClusterPlan,
@@ -88,6 +89,7 @@ def agent_plan(
             sleep=bool(vllm.get("enable_sleep_mode", False)),
             max_model_len=int(vllm.get("max_model_len") or seq_len),
             key=str(model["path"]) if vllm.get("shared_base") and lora else name,
+            tensor_parallel_size=int(vllm.get("tensor_parallel_size") or 1),
         )
     return AgentPlan(
         name=name,
@@ -104,6 +106,7 @@ def agent_plan(
         seq_len=seq_len,
         mixed_precision=mixed_precision,
         engine=engine,
+        logprob_chunk_tokens=int(loss.get("logprob_chunk_tokens", DEFAULT_LOGPROB_CHUNK_TOKENS)),
     )  # fmt: skip
 
 
@@ -192,6 +195,8 @@ SHIPPED = [
     ("qwen3_8b_areal8b_pair", []),
     ("qwen3_8b_mars2", []),
     ("qwen3_8b_grpo", []),
+    ("qwen3_32b_pair", []),
+    ("qwen3_32b_pair_full", []),
 ]
 
 

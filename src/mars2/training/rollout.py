@@ -35,6 +35,12 @@ class StepData:
     samples: dict[str, list[Sample]]
     metrics: dict[str, float] = field(default_factory=dict)
 
+    def share(self, part: int, parts: int) -> StepData:
+        """Share `part` of `parts`: every `parts`-th sample of each agent; the trees stay with
+        share 0 (they are logged and saved once), the metrics with every share."""
+        samples = {name: mine[part::parts] for name, mine in self.samples.items()}
+        return StepData(self.step, self.trees if part == 0 else [], samples, dict(self.metrics))
+
 
 class ProblemSchedule:
     """Which problems each step sees: a seeded permutation per epoch, sliced by step and rank.
@@ -117,6 +123,38 @@ class RolloutEngine:
         elapsed = time.perf_counter() - began
         samples = route_samples(trees, generators.keys(), self.advantages, overlong)
         return StepData(step, trees, samples, self._metrics(trees, samples, elapsed))
+
+    def run_in_group(
+        self,
+        step: int,
+        generators: Mapping[str, Any],
+        group: Any,
+        overlong: Mapping[str, Any] | None = None,
+    ) -> StepData:
+        """One step for a group of ranks sharing tensor-parallel engines (an `EngineGroup`).
+
+        The group grows its slice of the step's problems once: its leader runs the search (as
+        rank `group.index` of `group.count`) while the other ranks replay its engine calls, then
+        every rank trains on its share of the samples. A leader whose search fails releases
+        its group and hands it nothing, so the other ranks fail too instead of waiting.
+        """
+        if not group.is_leader:
+            group.serve()
+            share = group.scatter(None)
+            if share is None:
+                raise RuntimeError(
+                    f"rank {group.rank}: the leader of its engine group (rank {group.leader}) "
+                    f"failed during step {step}'s rollout; its log has the cause"
+                )
+            return share
+        try:
+            data = self.run(step, generators, group.index, group.count, overlong=overlong)
+        except BaseException:
+            group.release()
+            group.scatter([None] * group.size)
+            raise
+        group.release()
+        return group.scatter([data.share(i, group.size) for i in range(group.size)])
 
     def _metrics(
         self, trees: list[SearchTree], samples: dict[str, list[Sample]], elapsed: float

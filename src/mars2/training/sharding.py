@@ -1,8 +1,11 @@
-"""Sharded full fine-tuning of the team: PyTorch FSDP2 (`fully_shard`) applied per agent.
+"""Sharded training of the team: PyTorch FSDP2 (`fully_shard`) applied per agent.
 
 Each agent's policy (and its frozen KL reference) is sharded over all ranks, decoder layer by
-decoder layer, so weights, gradients and optimizer states take 1/world of their size per GPU. The
-team keeps one optimizer per agent, built after sharding. FSDP2 runs every forward and backward
+decoder layer, so weights, gradients and optimizer states take 1/world of their size per GPU. A
+LoRA agent's frozen bf16 base is sharded the same way, its adapters train (the base with the
+adapter off is its reference). A bitsandbytes 4-bit (QLoRA) base cannot be sharded: FSDP2 turns
+its packed `Params4bit` into plain tensors without their quantisation state. The team keeps one
+optimizer per agent, built after sharding. FSDP2 runs every forward and backward
 as a collective, so all ranks must run the same passes; `distributed.agent_step_route` pads an
 agent's micro-batches with idle ones (zero loss) where a rank has fewer, and scales each rank's
 backward by the world size: losses are normalised by the step's global sizes, so the gradient
@@ -14,7 +17,8 @@ by the first forward that records gradients. vLLM agents generate from their eng
 weights are read with `full_state_dict` on every rank.
 
 Checkpoints are directories written with torch.distributed.checkpoint: every rank saves its own
-shards, rank 0 the loop/scheduler/datamodule state (`meta.pt`); resume loads them back sharded.
+shards of the trained parameters (a LoRA agent's adapters, never its frozen base) and optimizer
+states, rank 0 the loop/scheduler/datamodule state (`meta.pt`); resume loads them back sharded.
 Works on CPU (gloo) and GPU (NCCL), unlike Lightning's FSDPStrategy, which needs a GPU.
 """
 
@@ -30,6 +34,7 @@ import lightning.pytorch as pl
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
@@ -41,6 +46,8 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from mars2.training.distributed import MultiAgentDDPStrategy
 
 META_FILE = "meta.pt"
+# Checkpoints hold what trains: frozen bases come from the model path again at start-up.
+TRAINED_ONLY = StateDictOptions(ignore_frozen_params=True)
 # Models whose units are all-gathered and kept whole (see `gather`).
 _GATHERED: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
@@ -69,6 +76,10 @@ def shard_model(model: torch.nn.Module, mesh: Any, reshard_after_forward: bool =
         if type(sub).__name__ in layers:
             fully_shard(sub, mesh=mesh, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    if hasattr(model, "peft_config"):
+        # peft's generate runs the wrapped model's forward, never the root's: FSDP would then take
+        # the first decoder layer for the root. Settle the root now, as a first forward would.
+        cast(Any, model)._get_fsdp_state()._lazy_init()
 
 
 def gather(model: torch.nn.Module) -> None:
@@ -96,11 +107,20 @@ def _release_before_training_forward(module: torch.nn.Module, args: Any) -> None
         release(module)
 
 
-def full_state_dict(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full tensor) pairs of a possibly sharded model; every rank must iterate it."""
+def full_state_dict(
+    model: torch.nn.Module, names: set[str] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) pairs of a possibly sharded model (those in `names` when given), one
+    tensor gathered at a time; every rank must iterate it."""
     for name, tensor in model.state_dict().items():
+        if names is not None and name not in names:
+            continue
         full = getattr(tensor, "full_tensor", None)
         yield name, full() if full is not None else tensor
+
+
+def _adapter_names(policy: torch.nn.Module) -> set[str]:
+    return {name for name, p in policy.named_parameters() if p.requires_grad}
 
 
 def _agents(team: torch.nn.Module) -> dict[str, Any]:
@@ -109,12 +129,14 @@ def _agents(team: torch.nn.Module) -> dict[str, Any]:
 
 
 def check_shardable(agent: Any) -> None:
-    """trainer=fsdp shards full fine-tuning; say what to use for anything else."""
+    """trainer=fsdp shards full fine-tuning and LoRA on a 16/32-bit base; say what to use else."""
     spec, optim = agent.model_spec, agent.optim_config
-    if spec.lora is not None or spec.quantization:
+    if spec.quantization:
         raise ValueError(
-            f"agent {agent.name}: trainer=fsdp shards full fine-tuning; LoRA/QLoRA agents train "
-            "under trainer=ddp (set model.lora=null to fine-tune it fully)"
+            f"agent {agent.name}: trainer=fsdp cannot shard a bitsandbytes {spec.quantization} "
+            "base (FSDP2 gathers its packed weights back without their quantisation state, so "
+            "the forward would be wrong); train QLoRA agents under trainer=ddp, or shard a LoRA "
+            "agent on its bf16 base under trainer=fsdp (scale.quantization=null)"
         )
     if optim.optimizer == "adamw8bit":
         raise ValueError(
@@ -133,9 +155,13 @@ class _ExportFullWeights(pl.Callback):
             if not is_sharded(policy):
                 continue
             release(policy)
-            # every rank takes part in each gather; only rank 0, which saves, keeps the tensors
+            # every rank takes part in each gather; only rank 0, which saves, keeps the tensors.
+            # A LoRA (peft) policy saves its adapter only: only those are gathered.
+            keep = _adapter_names(policy) if hasattr(policy, "peft_config") else None
             state = {
-                k: v.detach().cpu() for k, v in full_state_dict(policy) if trainer.is_global_zero
+                k: v.detach().cpu()
+                for k, v in full_state_dict(policy, keep)
+                if trainer.is_global_zero
             }
             if trainer.is_global_zero:
                 original = type(policy).save_pretrained.__get__(policy)
@@ -199,12 +225,12 @@ class MultiAgentFSDPStrategy(MultiAgentDDPStrategy):
     def lightning_module_state_dict(self) -> dict[str, Any]:
         assert self.model is not None
         self._release_all()  # shards are what is saved; gathered again in save_checkpoint
-        return get_model_state_dict(self.model)
+        return get_model_state_dict(self.model, options=TRAINED_ONLY)
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         assert self.model is not None
         self._release_all()
-        return get_optimizer_state_dict(self.model, optimizer)
+        return get_optimizer_state_dict(self.model, optimizer, options=TRAINED_ONLY)
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None
@@ -237,16 +263,24 @@ class MultiAgentFSDPStrategy(MultiAgentDDPStrategy):
         self._release_all()
         optimizers = list(self.optimizers)
         state: dict[str, Any] = {
-            "state_dict": get_model_state_dict(self.model),
+            "state_dict": get_model_state_dict(self.model, options=TRAINED_ONLY),
             "optimizer_states": {
-                str(i): get_optimizer_state_dict(self.model, opt)
+                str(i): get_optimizer_state_dict(self.model, opt, options=TRAINED_ONLY)
                 for i, opt in enumerate(optimizers)
             },
         }
         dcp.load(state, checkpoint_id=path)
-        set_model_state_dict(self.model, state["state_dict"])
+        # strict=False: the frozen bases are absent on purpose; every trained key is in `state`
+        # (dcp.load fails on any of them the checkpoint lacks)
+        set_model_state_dict(
+            self.model,
+            state["state_dict"],
+            options=StateDictOptions(ignore_frozen_params=True, strict=False),
+        )
         for i, opt in enumerate(optimizers):
-            set_optimizer_state_dict(self.model, opt, state["optimizer_states"][str(i)])
+            set_optimizer_state_dict(
+                self.model, opt, state["optimizer_states"][str(i)], options=TRAINED_ONLY
+            )
         self._regather()  # from the loaded shards
         return torch.load(path / META_FILE, map_location="cpu", weights_only=False)
 
