@@ -14,7 +14,9 @@ at the root, a refinement elsewhere), CONT means "descend into one of its childr
   child's subtree posterior; the agent is drawn once the node is chosen.
 
 The agent draw of ``bandit`` and ``flat`` may use results carried over from earlier trees and
-steps (``agent_scope="global"``); ``stack`` adds them to every action posterior. Pending
+steps (``agent_scope="global"``); ``stack`` adds them to every action posterior. With
+``assignment="uniform"`` (an ablation) every agent draw is uniform over the candidate agents
+instead of Thompson sampling; the node choice is unchanged. Pending
 expansions count as failures until scored, so several picks made in one round spread out; with
 one expansion per round nothing is pending at a pick and the walk is the sequential algorithm.
 """
@@ -33,6 +35,7 @@ from mars2.search.tree import ROOT_ID, SearchTree
 AgentScope = Literal["tree", "global"]
 Strategy = Literal["stack", "bandit", "flat"]
 STRATEGIES = ("stack", "bandit", "flat")
+Assignment = Literal["thompson", "uniform"]
 
 
 @dataclass(frozen=True)
@@ -46,12 +49,15 @@ class PolicyConfig:
     refine_solved: bool = False
     agent_scope: AgentScope = "tree"
     global_weight: float = 1.0
+    assignment: Assignment = "thompson"  # uniform: the agent is drawn at random (ablation)
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
             raise ValueError(
                 f"unknown search strategy {self.strategy!r}: use 'stack', 'bandit' or 'flat'"
             )
+        if self.assignment not in ("thompson", "uniform"):
+            raise ValueError(f"unknown assignment {self.assignment!r}: use 'thompson' or 'uniform'")
         if self.agent_scope not in ("tree", "global"):
             raise ValueError(f"unknown agent_scope {self.agent_scope!r}: use 'tree' or 'global'")
         if self.max_depth is not None and self.max_depth < 1:
@@ -261,6 +267,8 @@ class ThompsonPolicy:
         """Thompson draw over each agent's results in scope; ties go to the earlier agent."""
         if not agents:
             raise ValueError("no agents to choose from")
+        if self.config.assignment == "uniform":
+            return agents[int(rng.integers(len(agents)))]
         pooled = [stats.agent(name) for name in agents]
         if self.config.agent_scope == "global" and global_stats is not None:
             weight = self.config.global_weight
@@ -308,6 +316,8 @@ class ThompsonPolicy:
                     for a, n in zip(actions, candidates, strict=True)
                 ]
             best = candidates[argmax(thompson_draws(actions, prior, rng))]
+            if self.config.assignment == "uniform":  # the ablation overrides the draw above
+                best = candidates[int(rng.integers(len(candidates)))]
             children = mine.get(best)
             if not children:
                 return current, best

@@ -35,10 +35,14 @@ def answer_text(problem: Problem) -> str:
 
 def warm_start(agent: AgentModule, problems: Sequence[Problem], config: WarmStartConfig | None = None,
                prompts: PromptBuilder | None = None,
-               on_epoch: Callable[[float], None] | None = None) -> list[float]:  # fmt: skip
+               on_epoch: Callable[[float], None] | None = None,
+               stop: Callable[[int, float], bool] | None = None) -> list[float]:  # fmt: skip
     """Fine-tune `agent.policy` in place on (prompt, reference answer) pairs; returns epoch losses.
 
-    The agent's weights version moves, and a generator already attached serves the new weights.
+    `stop(epoch, loss)`, called after each epoch (counted from 1) once the weights are marked
+    changed, ends the warm start when it returns True: e.g. a check of the agent's skill on
+    problems it does not train on. The agent's weights version moves, and a generator already
+    attached serves the new weights.
     """
     config = config or WarmStartConfig()
     prompts = prompts or PromptBuilder()
@@ -59,8 +63,8 @@ def warm_start(agent: AgentModule, problems: Sequence[Problem], config: WarmStar
     rng = random.Random(config.seed)
     device = next(policy.parameters()).device
     losses = []
-    policy.train()
-    for _ in range(config.epochs):
+    for epoch in range(1, config.epochs + 1):
+        policy.train()  # a stop check may have generated in between
         rng.shuffle(examples)
         total, count = 0.0, 0
         for start in range(0, len(examples), config.batch_size):
@@ -89,6 +93,10 @@ def warm_start(agent: AgentModule, problems: Sequence[Problem], config: WarmStar
             on_epoch(losses[-1])
         if config.target_loss is not None and losses[-1] <= config.target_loss:
             break
+        if stop is not None:
+            agent.mark_weights_changed()
+            if stop(epoch, losses[-1]):
+                break
     agent.mark_weights_changed()
     if agent.has_generator:
         agent.generator.sync()
