@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +69,10 @@ class HeldOutEvalCallback(pl.Callback):
         self.seed = seed
         self.history: list[tuple[int, str, float]] = []
         self.groups: list[tuple[int, str, dict[str, float]]] = []
+        self.cpu_seconds = 0.0  # this process's CPU time spent evaluating (grading runs elsewhere)
 
     def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int) -> None:
+        began = time.process_time()
         grader = run_datamodule(trainer).engine.grader
         for name, agent in team_members(pl_module).items():
             agent.generator.catch_up()
@@ -87,6 +90,7 @@ class HeldOutEvalCallback(pl.Callback):
             )  # fmt: skip
             if trainer.logger:
                 trainer.logger.log_metrics({f"heldout/{name}/pass@1": score}, step=step)
+        self.cpu_seconds += time.process_time() - began
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._evaluate(trainer, pl_module, 0)
@@ -115,8 +119,10 @@ class TreeEvalCallback(pl.Callback):
         self.config = config
         self.seed = seed
         self.results: dict[str, dict[str, Any]] = {}
+        self.cpu_seconds = 0.0  # this process's CPU time spent searching (grading runs elsewhere)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        began = time.process_time()
         grader = run_datamodule(trainer).engine.grader
         members = team_members(pl_module)
         generators = {}
@@ -138,3 +144,4 @@ class TreeEvalCallback(pl.Callback):
                    for key, value in summary.breakdown.items()
                    if key.startswith("difficulty=")},
             }  # fmt: skip
+        self.cpu_seconds += time.process_time() - began
