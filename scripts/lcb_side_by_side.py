@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from mars2.data.loaders import load_livecodebench
-from mars2.sandbox.grader import Grader
-from mars2.sandbox.local import LocalSandbox
+from mars2.sandbox.pool.local import LocalSandbox
+from mars2.sandbox.verdict.grader import Grader
 
 CORPUS = Path(__file__).resolve().parents[1] / "tests" / "data" / "lcb_corpus"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mars2.sandbox.local import LocalSandbox
+from mars2.sandbox.pool.local import LocalSandbox
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -103,3 +103,58 @@ def test_cli_bad_override_fails_with_hydra_error() -> None:
     assert result.returncode != 0
     assert "Could not find 'trainer/nope'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_every_agent_lists_every_loss_field() -> None:
+    """So that `agents.<a>.loss.<field>=...` is a plain override (no `+`) for every field."""
+    from dataclasses import fields
+
+    from mars2.training.losses import LossConfig
+
+    names = {f.name for f in fields(LossConfig)}
+    for path in sorted((CONFIGS / "agent").glob("*.yaml")):
+        loss = OmegaConf.load(path).loss
+        assert set(loss) - {"_target_"} == names, path.name
+
+
+def test_one_overlong_knob_per_agent() -> None:
+    cfg = _compose("train", ["experiment=tiny_pair"])
+    assert "overlong_penalty" not in cfg and "overlong_penalty" not in cfg.rollout
+    import inspect
+
+    from mars2.training.rollout import RolloutEngine
+
+    assert "overlong_penalty" not in inspect.signature(RolloutEngine).parameters
+
+
+@pytest.mark.parametrize("experiment", ["tiny_grpo", "qwen3_8b_grpo"])
+def test_grpo_baselines_do_not_shape(experiment: str) -> None:
+    cfg = _compose("train", [f"experiment={experiment}"])
+    assert cfg.search.config.mode == "independent" and cfg.advantage.gamma == 0.0
+    assert _compose("train", ["search=grpo"]).advantage.gamma == 0.0
+
+
+def test_independent_sampling_with_shaping_is_refused() -> None:
+    from mars2.rewards.routing import AdvantageConfig
+    from mars2.search.runner import SearchConfig, TreeSearch
+    from mars2.search.simulated import SimulatedGrader, simulated_problems
+    from mars2.training.rollout import ProblemSchedule, RolloutEngine
+
+    schedule = ProblemSchedule(simulated_problems(2), per_step=1, seed=0)
+    search = TreeSearch(SearchConfig(mode="independent"))
+    with pytest.raises(ValueError, match="gamma"):
+        RolloutEngine(schedule, search, SimulatedGrader(), AdvantageConfig(gamma=0.5))
+    RolloutEngine(schedule, search, SimulatedGrader(), AdvantageConfig(gamma=0.0))
+
+
+def test_a_resumed_run_redoes_the_warm_start_only_for_its_kl_reference() -> None:
+    """The checkpoint brings the trained policy; a KL reference (never checkpointed) is the
+    warm-started policy, so it is rebuilt by the same seeded warm start."""
+    from mars2.training.run import warm_start_needed
+
+    base = ["experiment=tiny_pair"]
+    assert warm_start_needed(_compose("train", base))
+    assert not warm_start_needed(_compose("train", [*base, "ckpt_path=x.ckpt"]))
+    kl = "agents.tiny_qwen3.loss.beta=0.01"
+    assert warm_start_needed(_compose("train", [*base, "ckpt_path=x.ckpt", kl]))
+    assert not warm_start_needed(_compose("train", [*base, "warm_start=null", kl]))

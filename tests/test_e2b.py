@@ -8,7 +8,7 @@ import types
 import pytest
 
 from mars2.sandbox.base import Job, Verdict
-from mars2.sandbox.e2b import E2BSandbox
+from mars2.sandbox.pool.e2b import E2BSandbox
 from tests.fakes import e2b_sdk
 
 pytestmark = pytest.mark.e2b
@@ -112,3 +112,73 @@ def test_forged_remote_records_are_not_verdicts(fake_sdk) -> None:
         )
     assert [t.verdict for t in forged.tests] == [Verdict.WRONG_ANSWER] * 2
     assert [t.verdict for t in always.tests] == [Verdict.WRONG_ANSWER]
+
+
+def test_sandboxes_are_created_without_internet_unless_allowed(fake_sdk) -> None:
+    with E2BSandbox(api_key="k", sdk=fake_sdk) as box:
+        assert box.run_batch([Job(ADD, "stdin", TESTS)])[0].all_passed
+    with E2BSandbox(api_key="k", allow_network=True, sdk=fake_sdk) as box:
+        assert box.run_batch([Job(ADD, "stdin", TESTS)])[0].all_passed
+    flags = [options["allow_internet_access"] for options in fake_sdk.STATE.create_options]
+    assert flags == [False, True]
+
+
+def test_the_wall_factor_reaches_the_remote_harness(fake_sdk) -> None:
+    with E2BSandbox(api_key="k", per_test_timeout=2.0, wall_factor=5.0, sdk=fake_sdk) as box:
+        box.run_batch([Job(ADD, "stdin", TESTS)])
+    (job,) = [json.loads(d) for p, d in fake_sdk.STATE.written.items() if p.endswith("job.json")]
+    assert job["wall_limit"] == 11.0  # the local sandbox's rule: 5 x 2 s + 1 s
+
+
+def test_a_burst_of_creates_is_spread_out(fake_sdk) -> None:
+    with E2BSandbox(
+        api_key="k", max_concurrency=8, max_parallel_creates=3, create_jitter=0.05, seed=0,
+        sdk=fake_sdk,
+    ) as box:  # fmt: skip
+        results = box.run_batch([Job(ADD, "stdin", TESTS)] * 8)
+    assert all(r.all_passed for r in results)
+    state = fake_sdk.STATE
+    assert state.created == 8 and state.peak_creating <= 3
+    times = sorted(state.create_times)
+    assert times[-1] - times[0] > 0.02  # not one burst: later creates waited a random delay
+
+
+def _accepted(function) -> set[str]:
+    """The keyword names `function` accepts (its typed **opts included)."""
+    import inspect
+    import typing
+
+    names = set()
+    for parameter in inspect.signature(function).parameters.values():
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            hint = typing.get_type_hints(function).get(parameter.name)
+            names |= set(getattr(typing.get_args(hint)[0] if typing.get_args(hint) else hint,
+                                 "__annotations__", {}))  # fmt: skip
+        elif parameter.name not in ("self", "cls"):
+            names.add(parameter.name)
+    return names
+
+
+def test_the_fake_sdk_keeps_step_with_the_real_one(fake_sdk) -> None:
+    """The fake accepts exactly what E2BSandbox passes, and so does the installed SDK (only
+    checked where e2b-code-interpreter is installed: `pip install 'mars2[e2b]'`)."""
+    box = E2BSandbox(api_key="k", template="base", sdk=fake_sdk)
+    try:
+        used = set(box.create_options())
+    finally:
+        box.close()
+    assert used == {"api_key", "timeout", "allow_internet_access", "template"}
+    assert used <= _accepted(fake_sdk.AsyncSandbox.create)
+    real = pytest.importorskip("e2b_code_interpreter")
+    accepted = _accepted(real.AsyncSandbox.create)
+    assert used <= accepted, used - accepted
+    fake_only = _accepted(fake_sdk.AsyncSandbox.create) - accepted
+    assert not fake_only, fake_only
+    # What E2BSandbox calls on a sandbox: commands.run(cmd, timeout=...) and files.write(path, data).
+    from e2b.sandbox_async.commands.command import Commands
+    from e2b.sandbox_async.filesystem.filesystem import Filesystem
+
+    assert {"cmd", "timeout"} <= _accepted(Commands.run)
+    assert {"path", "data"} <= _accepted(Filesystem.write)
+    assert _accepted(e2b_sdk.Commands.run) <= _accepted(Commands.run)
+    assert _accepted(e2b_sdk.Files.write) <= _accepted(Filesystem.write)

@@ -31,7 +31,8 @@ from mars2.eval.runner import (
 from mars2.eval.tree_view import plot_training_overview, render_tree_html, write_tree_pages
 from mars2.generation.oracle import OracleGenerator, reference_solution
 from mars2.sandbox.base import Verdict
-from mars2.sandbox.grader import Grade, Grader, TestFeedback
+from mars2.sandbox.records import Grade, TestFeedback
+from mars2.sandbox.verdict.grader import Grader
 from mars2.search.runner import SearchConfig
 from mars2.search.simulated import SimulatedAgent, SimulatedGrader, simulated_problems
 from mars2.search.tree import SearchTree
@@ -97,7 +98,7 @@ def test_sampling_summary_matches_brute_force_counts(sandbox, tmp_path: Path) ->
 
 @pytest.mark.slow
 def test_oracle_scores_one_and_broken_scores_zero_on_humaneval(tmp_path: Path) -> None:
-    from mars2.sandbox.local import LocalSandbox
+    from mars2.sandbox.pool.local import LocalSandbox
 
     problems = load_humaneval()
     with LocalSandbox(per_test_timeout=3.0, job_timeout=10.0) as box:

@@ -264,3 +264,42 @@ def test_warm_start_ends_when_its_stop_check_says_so(tiny_models_dir: Path) -> N
     assert [(epoch, loss) for epoch, loss, _ in checks] == [(1, losses[0]), (2, losses[1])]
     # Each check sees the weights marked changed, so a generator it uses serves the new ones.
     assert checks[1][2] > checks[0][2]
+
+
+def test_warm_start_moves_the_kl_reference_with_it(tiny_models_dir: Path) -> None:
+    """With β > 0 the KL must pull toward the warm-started policy, not the untrained one."""
+    from mars2.data.sources import arithmetic
+    from mars2.training.losses import LossConfig
+    from mars2.training.warm_start import WarmStartConfig, warm_start
+
+    path = tiny_models_dir / "tiny_llama"
+    agent = AgentModule(
+        path.name, ModelSpec(str(path)), GenerationConfig(), loss=LossConfig(beta=0.1)
+    )
+    before = {k: v.clone() for k, v in agent.policy.state_dict().items()}
+    warm_start(agent, arithmetic("warm_start")[:4], WarmStartConfig(epochs=1, batch_size=4))
+    (reference,) = agent._reference
+    after = agent.policy.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in after)
+    for name, value in reference.state_dict().items():
+        torch.testing.assert_close(value, after[name], rtol=0, atol=0)
+    assert not any(p.requires_grad for p in reference.parameters())
+    ids = torch.tensor([[1, 5, 6, 7]])
+    mask = torch.ones_like(ids)
+    logits = agent.policy(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(
+        agent.reference_logprobs(ids, mask),
+        token_logprobs(logits[:, :-1], ids[:, 1:]).detach(),
+    )
+
+
+def test_warm_start_with_lora_and_a_kl_term_is_refused(tiny_models_dir: Path) -> None:
+    from mars2.data.sources import arithmetic
+    from mars2.training.losses import LossConfig
+    from mars2.training.warm_start import WarmStartConfig, warm_start
+
+    path = tiny_models_dir / "tiny_llama"
+    spec = ModelSpec(str(path), lora=LoraSpec(r=4, alpha=8))
+    agent = AgentModule(path.name, spec, GenerationConfig(), loss=LossConfig(beta=0.1))
+    with pytest.raises(ValueError, match="adapter"):
+        warm_start(agent, arithmetic("warm_start")[:4], WarmStartConfig(epochs=1, batch_size=4))

@@ -183,18 +183,27 @@ def test_pure_cores_import_no_lightning_or_vllm(package: str) -> None:
 
 
 def test_sandbox_worker_starts_without_the_training_stack() -> None:
-    """Every job's process is forked from the worker (via its executor): whatever the worker has
-    imported is copied into each fork, so it must not hold Hydra, OmegaConf, torch or Lightning.
-    """
+    """Every job's process is forked from an executor: whatever it has imported is copied into
+    each fork, so it must hold neither the training stack nor the judge (`ast`, the comparisons);
+    the worker beside it starts in a clean interpreter too."""
     import subprocess
     import sys
 
     heavy = ("hydra", "omegaconf", "torch", "lightning", "transformers", "numpy")
+    judging = ("ast", "mars2.sandbox.verdict.judge", "mars2.sandbox.pool.worker")
     probe = (
-        "import sys, mars2.sandbox.worker, mars2.sandbox.judge; "
-        f"print(','.join(sorted(m for m in {heavy!r} if m in sys.modules)))"
+        "import sys, mars2.sandbox.runner.executor; "
+        f"print(','.join(sorted(m for m in {heavy + judging!r} if m in sys.modules)))"
     )
     env = {"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "", f"sandbox executor imports {out.stdout.strip()}"
+    probe = (
+        "import sys, mars2.sandbox.pool.worker, mars2.sandbox.verdict.judge; "
+        f"print(','.join(sorted(m for m in {heavy!r} if m in sys.modules)))"
+    )
     out = subprocess.run(
         [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
     )

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from mars2.data.loaders import GRADING_PROFILES
-from mars2.sandbox import compare, prelude
-from mars2.sandbox.compare import (
+from mars2.sandbox.verdict import compare, prelude
+from mars2.sandbox.verdict.compare import (
     Opaque,
     call_values_equal,
     compare_call,
@@ -22,7 +22,7 @@ from mars2.sandbox.compare import (
     find_callable,
     get_profile,
 )
-from mars2.sandbox.extract import extract_code, extract_lcb
+from mars2.sandbox.verdict.extract import extract_code, extract_lcb
 
 
 def _round_trip(value: Any) -> Any:

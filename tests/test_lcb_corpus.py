@@ -17,8 +17,9 @@ import pytest
 
 from mars2.data.loaders import load_livecodebench
 from mars2.data.problem import Problem
-from mars2.sandbox.grader import Grade, Grader
-from mars2.sandbox.local import LocalSandbox
+from mars2.sandbox.pool.local import LocalSandbox
+from mars2.sandbox.records import Grade
+from mars2.sandbox.verdict.grader import Grader
 
 CORPUS = Path(__file__).parent / "data" / "lcb_corpus"
 # Every class of difference issue 15 names, plus stdout comparison and LCB's own artefacts.

@@ -14,8 +14,9 @@ from mars2.data.problem import Problem, TestCase, TestKind
 from mars2.eval.runner import ResultStore, evaluate_sampling, evaluate_tree, summarise_tree
 from mars2.generation.base import Completion, Messages
 from mars2.sandbox.base import Verdict
-from mars2.sandbox.grader import Grade, Grader, TestFeedback
-from mars2.sandbox.local import LocalSandbox
+from mars2.sandbox.pool.local import LocalSandbox
+from mars2.sandbox.records import Grade, TestFeedback
+from mars2.sandbox.verdict.grader import Grader
 from mars2.search.policy import PolicyConfig
 from mars2.search.prompts import PromptBuilder
 from mars2.search.runner import SearchConfig, TreeSearch

@@ -262,3 +262,22 @@ def test_clip_higher_acts_only_when_ratios_leave_the_band(variant: str) -> None:
     torch.testing.assert_close(
         _loss_grad(outside, high), _reference_grad(outside, variant, 0.2, 0.28)
     )
+
+
+def test_clip_fraction_counts_the_tokens_whose_gradient_the_clip_removes() -> None:
+    """TRL and verl: a ratio above 1+ε_high clips only a positive advantage, one below 1−ε_low only a
+    negative one; the other way round min() keeps the unclipped term and its gradient."""
+    old = torch.zeros(4, 1)
+    logprobs = torch.log(torch.tensor([[1.5], [1.5], [0.5], [0.5]]))  # ratios 1.5, 1.5, 0.5, 0.5
+    advantages = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    mask = torch.ones(4, 1)
+    for variant in ("grpo", "dapo", "gspo"):
+        config = LossConfig(variant=variant, eps_low=0.2, eps_high=0.28, tis_cap=None)  # type: ignore[arg-type]
+        live = logprobs.clone().requires_grad_(True)
+        loss, metrics = policy_loss(live, old, advantages, mask, config)
+        loss.backward()
+        assert live.grad is not None
+        no_gradient = (live.grad.abs() < 1e-12).float().mean()
+        assert float(metrics["clip_fraction"]) == pytest.approx(0.5)  # rows 0 and 3
+        assert float(metrics["clip_fraction"]) == pytest.approx(float(no_gradient))
+        assert float(metrics["ratio_outside_band"]) == pytest.approx(1.0)  # the old number

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from mars2.data.problem import Problem
 from mars2.generation.base import Completion, DoneCallback, Messages, StreamingGenerator
-from mars2.sandbox.grader import Grade
+from mars2.sandbox.records import Grade
 from mars2.search.latency import AnswerLengths, EngineModel, SandboxModel, VirtualClock
 from mars2.search.pipeline import PipelinedDriver
 from mars2.search.policy import PolicyConfig, ThompsonPolicy

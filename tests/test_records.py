@@ -8,7 +8,7 @@ from pathlib import Path
 from mars2.generation.base import Completion
 from mars2.rewards.routing import AdvantageConfig, route_samples
 from mars2.sandbox.base import Verdict
-from mars2.sandbox.grader import Grade, TestFeedback
+from mars2.sandbox.records import Grade, TestFeedback
 from mars2.search.simulated import simulated_problems
 from mars2.search.tree import Node, SearchTree, load_trees, save_trees
 

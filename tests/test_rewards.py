@@ -133,3 +133,102 @@ def test_soft_overlong_penalty_follows_dapo() -> None:
     assert soft_overlong_penalty(100, 100, 0) == 0.0  # buffer 0: off
     with pytest.raises(ValueError, match="buffer"):
         OverlongPenalty(max_tokens=10, buffer=20)
+
+
+# -- the length term comes after shaping and filtering; search statistics never see it ----------
+
+
+def _truncated(tree: SearchTree, ids: set[int], length: int = 8) -> None:
+    from mars2.generation.base import Completion
+
+    for node in tree.answers():
+        tokens = [1] * (length if node.id in ids else 2)
+        node.completion = Completion(text="", token_ids=tokens, truncated=node.id in ids)
+
+
+def test_length_term_joins_the_shaped_reward_after_shaping_and_filtering() -> None:
+    from mars2.rewards.overlong import OverlongPenalty
+
+    # root -> 1 (r=1, cut at the cap), 2 (r=0); 1 -> 3 (r=0), 4 (r=1)
+    tree = _tree([(0, "a", 1.0), (0, "b", 0.0), (1, "a", 0.0), (1, "b", 1.0)])
+    _truncated(tree, {1})
+    term = OverlongPenalty(max_tokens=8, buffer=4, penalty=1.0)
+    config = AdvantageConfig(gamma=0.5, lam=0.5)
+    samples = {s.node_id: s for s in tree_samples(tree, 0, config, {"a": term, "b": term})}
+    raw = shape_rewards(tree, 0.5, 0.5)
+    # Shaping saw raw rewards only: node 1's penalty is in no baseline and is not scaled by 1+γ.
+    assert {i: s.shaped_reward for i, s in samples.items()} == pytest.approx(raw)
+    assert samples[1].length_term == -1.0 and samples[3].length_term == 0.0
+    # The group normalises shaped reward + length term (MARTI, DAPO: the term joins the reward).
+    values = np.array([raw[i] + (-1.0 if i == 1 else 0.0) for i in (1, 2, 3, 4)])
+    expected = (values - values.mean()) / (values.std() + config.eps)
+    assert [samples[i].advantage for i in (1, 2, 3, 4)] == pytest.approx(list(expected))
+    # Nothing was written back into the tree: its rewards are the grades'.
+    assert [n.reward for n in tree.answers()] == [1.0, 0.0, 0.0, 1.0]
+
+
+def test_all_fail_tree_with_one_truncated_node_is_still_filtered() -> None:
+    from mars2.rewards.overlong import OverlongPenalty
+
+    tree = _tree([(0, "a", 0.0), (0, "b", 0.0), (1, "a", 0.0)])
+    _truncated(tree, {2})
+    term = OverlongPenalty(max_tokens=8, buffer=4)
+    assert tree_samples(tree, 0, AdvantageConfig(), {"a": term, "b": term}) == []
+
+
+def test_overlong_rollouts_keep_search_statistics_in_the_unit_interval() -> None:
+    """Three steps of a global-statistics search whose answers all hit the length cap."""
+    from mars2.rewards.overlong import OverlongPenalty
+    from mars2.search.policy import AgentStatistics, PolicyConfig
+    from mars2.search.runner import SearchConfig, TreeSearch
+    from mars2.search.simulated import SimulatedAgent, SimulatedGrader
+    from mars2.training.rollout import ProblemSchedule, RolloutEngine
+
+    class Rambling(SimulatedAgent):
+        def generate(self, chats):  # type: ignore[no-untyped-def]
+            out = super().generate(chats)
+            for completion in out:
+                completion.token_ids, completion.truncated = [1] * 8, True
+            return out
+
+    statistics = AgentStatistics(decay=0.9)
+    policy = PolicyConfig(agent_scope="global")
+    search = TreeSearch(SearchConfig(max_nodes=6, policy=policy), agent_statistics=statistics)
+    engine = RolloutEngine(
+        ProblemSchedule(simulated_problems(4), per_step=2, seed=0),
+        search,
+        SimulatedGrader(),
+        agent_statistics=statistics,
+    )
+    agents = {"a": Rambling(0.4, seed=1), "b": Rambling(0.2, seed=2)}
+    term = OverlongPenalty(max_tokens=8, buffer=4)
+    for step in range(3):
+        data = engine.run(step, agents, overlong={"a": term, "b": term})
+        statistics.update(data.trees)
+        assert all(0.0 <= n.reward <= 1.0 for t in data.trees for n in t.answers())
+        for samples in data.samples.values():
+            assert all(s.length_term == -1.0 for s in samples)
+    for stats in statistics.stats.values():
+        assert 0.0 <= stats.total <= stats.count
+
+
+def test_advantage_ddof_one_is_the_sample_std() -> None:
+    tree = _tree([(0, "a", 0.0), (0, "b", 1.0), (1, "a", 1.0)])
+    shaped = {1: 0.0, 2: 1.0, 3: 2.0}
+    values = np.array([0.0, 1.0, 2.0])
+    sample_std = values.std(ddof=1)  # torch.std's default, as MARTI uses it
+    out = group_advantages(tree, shaped, eps=1e-9, ddof=1)
+    assert out == pytest.approx({1: -1 / (sample_std + 1e-9), 2: 0.0, 3: 1 / (sample_std + 1e-9)})
+    lone = _tree([(0, "a", 0.3)])  # one node: no sample std; its advantage is 0, never NaN
+    assert group_advantages(lone, {1: 0.3}, ddof=1) == {1: 0.0}
+    config = AdvantageConfig(ddof=1, eps=1e-9)
+    samples = tree_samples(tree, 0, config)
+    assert [s.advantage for s in samples] == pytest.approx(_normalised(tree, 1, 1e-9))
+    with pytest.raises(ValueError, match="ddof"):
+        AdvantageConfig(ddof=2)
+
+
+def _normalised(tree: SearchTree, ddof: int, eps: float) -> list[float]:
+    shaped = shape_rewards(tree)
+    values = np.array([shaped[n.id] for n in tree.answers()])
+    return list((values - values.mean()) / (values.std(ddof=ddof) + eps))

@@ -396,7 +396,7 @@ def test_runs_of_dead_processes_are_marked_killed(tmp_path: Path) -> None:
 def test_compiling_graded_code_prints_no_warnings() -> None:
     import warnings
 
-    from mars2.sandbox.extract import extract_code
+    from mars2.sandbox.verdict.extract import extract_code
 
     answer = "Here:\n```python\nimport re\nprint(re.findall('\\d+', input()))\n```"
     with warnings.catch_warnings():

@@ -10,7 +10,7 @@ from mars2.data.skills import PARTS, SKILLS, skill_parts
 from mars2.data.sources import skills
 from mars2.eval.runner import ResultStore, evaluate_sampling, summarise_sampling
 from mars2.generation.oracle import OracleGenerator
-from mars2.sandbox.grader import Grader
+from mars2.sandbox.verdict.grader import Grader
 
 WORDS = {skill: [words for words, _, _ in ops.values()] for skill, ops in SKILLS.items()}
 

@@ -160,6 +160,9 @@ def test_agent_without_nodes_is_untouched(tmp_path: Path, tiny_models_dir: Path)
     assert not changed(before["tiny_llama"], module.agents["tiny_llama"])
     llama_optimizer = trainer.optimizers[module.agent_names.index("tiny_llama")]
     assert not llama_optimizer.state  # never stepped: no Adam moments either
+    # ... but its LR schedule moved on with the team step, so it still ends with the run.
+    for config in trainer.lr_scheduler_configs:
+        assert config.scheduler.last_epoch == 1
 
 
 def _resume_run(tmp: Path, tiny: Path, *overrides: str) -> tuple[Any, Any]:
@@ -190,6 +193,9 @@ def test_resume_reproduces_the_next_batch(tmp_path: Path, tiny_models_dir: Path)
     second = tmp_path / "second"
     _, datamodule = _resume_run(second, tiny_models_dir, f"ckpt_path={checkpoint}")
     assert datamodule.last.step == 1
+    # The LR schedules came back with the checkpoint: two team steps, one of them before it.
+    for config in datamodule.trainer.lr_scheduler_configs:
+        assert config.scheduler.last_epoch == 2
     assert not (second / "trees" / "step_000000_rank0.jsonl").exists()  # step 0 was not redone
     original = load_trees(first / "trees" / "step_000001_rank0.jsonl")
     resumed = load_trees(second / "trees" / "step_000001_rank0.jsonl")
@@ -222,3 +228,67 @@ def test_ddp_on_two_cpu_processes_runs_two_steps(tmp_path: Path, tiny_models_dir
     rank1 = {t.problem.id for t in load_trees(tmp_path / "trees" / "step_000000_rank1.jsonl")}
     assert not rank0 & rank1  # each rank grew its own slice of the step's problems
     assert (tmp_path / "agents" / "tiny_qwen3" / "config.json").exists()
+
+
+def test_overlong_penalty_with_global_statistics_runs_to_the_end(
+    tmp_path: Path, tiny_models_dir: Path
+) -> None:
+    """The issue's "done when": every answer is cut at 8 tokens (penalty -1) and the search carries
+    agent statistics across steps; they must hold raw rewards only (it used to fail at step 2)."""
+    overrides = [
+        f"agents.{name}.{key}"
+        for name in ("tiny_qwen3", "tiny_llama")
+        for key in (
+            "loss.overlong_buffer=4",
+            "loss.overlong_penalty=1",
+            "generation.max_new_tokens=8",
+        )
+    ]
+    cfg = compose_run(
+        tmp_path, tiny_models_dir, "search=mars2_global", "steps=3", "logger=none",
+        "callbacks.checkpoint=null", "advantage.filter_degenerate=false", *overrides,
+    )  # fmt: skip
+    module, datamodule, trainer, sandbox = build_run(cfg)
+    try:
+        trainer.fit(module, datamodule=datamodule)
+    finally:
+        sandbox.close()
+    assert trainer.global_step == 3
+    data = datamodule.last
+    assert data.step == 2
+    nodes = [n for t in data.trees for n in t.answers()]
+    assert nodes and all(n.truncated for n in nodes)
+    assert all(0.0 <= n.reward <= 1.0 for n in nodes)
+    samples = [s for batch in data.samples.values() for s in batch]
+    assert samples and all(s.length_term == -1.0 for s in samples)
+    for stats in datamodule.engine.agent_statistics.stats.values():
+        assert 0.0 <= stats.total <= stats.count
+
+
+def _statistics_rank(rank: int, out: str) -> None:
+    from mars2.search.policy import AgentStatistics
+    from mars2.training.distributed import sum_across_ranks
+    from tests.test_search import _grow
+
+    statistics = AgentStatistics(decay=0.5)
+    for step in range(2):
+        trees = _grow(step)
+        mine = trees[:2] if rank == 0 else trees[2:]  # uneven on purpose
+        statistics.update(mine, agents=["a", "b"], reduce=sum_across_ranks)
+    torch.save(statistics.state_dict(), f"{out}.{rank}")
+
+
+def test_agent_statistics_are_summed_over_two_gloo_ranks(tmp_path: Path) -> None:
+    from mars2.search.policy import AgentStatistics
+    from tests.ranks import on_two_gloo_ranks
+    from tests.test_search import _grow
+
+    out = str(tmp_path / "stats.pt")
+    on_two_gloo_ranks(_statistics_rank, out)
+    alone = AgentStatistics(decay=0.5)
+    for step in range(2):
+        alone.update(_grow(step))
+    states = [torch.load(f"{out}.{rank}") for rank in (0, 1)]
+    assert states[0] == states[1]  # every rank, rank 0 (the one that checkpoints) included
+    for name, stats in alone.state_dict()["stats"].items():
+        assert states[0]["stats"][name] == pytest.approx(stats)

@@ -23,7 +23,7 @@ class CommandExitError(Exception):
         self.stdout, self.stderr, self.exit_code = stdout, stderr, exit_code
 
 
-class _Result:
+class Result:
     def __init__(self, stdout: str, stderr: str, exit_code: int) -> None:
         self.stdout, self.stderr, self.exit_code = stdout, stderr, exit_code
 
@@ -31,6 +31,10 @@ class _Result:
 class FakeState:
     def __init__(self) -> None:
         self.created = 0
+        self.creating = 0  # creates in flight now
+        self.peak_creating = 0
+        self.create_times: list[float] = []
+        self.create_options: list[dict[str, Any]] = []
         self.killed = 0
         self.running = 0
         self.peak = 0
@@ -42,22 +46,23 @@ class FakeState:
 STATE = FakeState()
 
 
-class _Files:
+class Files:
     def __init__(self, box: AsyncSandbox) -> None:
         self.box = box
 
-    async def write(self, path: str, data: str) -> None:
+    async def write(self, path: str, data: str) -> None:  # the SDK's write(path, data, ...)
         STATE.written[path] = data
         local = self.box.local(path)
         local.parent.mkdir(parents=True, exist_ok=True)
         local.write_text(data)
 
 
-class _Commands:
+class Commands:
     def __init__(self, box: AsyncSandbox) -> None:
         self.box = box
 
-    async def run(self, command: str, timeout: float = 60) -> _Result:
+    async def run(self, cmd: str, timeout: float | None = 60) -> Result:
+        command = cmd
         if STATE.fail_next_commands > 0:
             STATE.fail_next_commands -= 1
             raise ConnectionError("fake transient network error")
@@ -75,20 +80,42 @@ class _Commands:
             STATE.running -= 1
         if proc.returncode:
             raise CommandExitError(out.decode(), err.decode(), proc.returncode)
-        return _Result(out.decode(), err.decode(), 0)
+        return Result(out.decode(), err.decode(), 0)
 
 
 class AsyncSandbox:
     def __init__(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="fake-e2b-"))
-        self.files = _Files(self)
-        self.commands = _Commands(self)
+        self.files = Files(self)
+        self.commands = Commands(self)
 
     def local(self, remote: str) -> Path:
         return self.root / remote.lstrip("/")
 
     @classmethod
-    async def create(cls, api_key: str, timeout: int = 300, **_: Any) -> AsyncSandbox:
+    async def create(
+        cls,
+        template: str | None = None,
+        timeout: int | None = None,
+        allow_internet_access: bool | None = None,
+        *,
+        api_key: str,
+    ) -> AsyncSandbox:
+        """The real SDK's keywords that E2BSandbox uses (tests check them against the SDK)."""
+        STATE.creating += 1
+        STATE.peak_creating = max(STATE.peak_creating, STATE.creating)
+        STATE.create_times.append(asyncio.get_running_loop().time())
+        STATE.create_options.append(
+            {
+                "template": template,
+                "timeout": timeout,
+                "allow_internet_access": allow_internet_access,
+            }
+        )
+        try:
+            await asyncio.sleep(0.02)  # a create takes a while: concurrent ones overlap
+        finally:
+            STATE.creating -= 1
         STATE.created += 1
         STATE.api_keys.append(api_key)
         return cls()

@@ -14,7 +14,7 @@ from typing import Any
 from mars2.data.problem import Problem, ProblemFormatError, TestCase, TestKind
 
 RowParser = Callable[[dict[str, Any], "_RowContext"], Problem]
-# The names of mars2.sandbox.compare.PROFILE_NAMES (data sits below sandbox, so not imported).
+# The names of mars2.sandbox.verdict.compare.PROFILE_NAMES (data sits below sandbox, so not imported).
 GRADING_PROFILES = ("lenient", "lcb")
 
 
@@ -162,7 +162,7 @@ def load_livecodebench(
     """Read LiveCodeBench code-generation jsonl, keeping problems with start <= contest_date <= end.
 
     An end date given as a month ("2025-05") includes that whole month. Problems are graded with
-    `grading_profile` (default ``lcb``: LiveCodeBench's own verdicts, see mars2.sandbox.compare).
+    `grading_profile` (default ``lcb``: LiveCodeBench's own verdicts, see mars2.sandbox.verdict.compare).
     """
     _check_profile(grading_profile)
     start = _as_date(start_date)

@@ -24,9 +24,12 @@ def group_advantages(
     scale_std: bool = True,
     group_by: GroupBy = "tree",
     eps: float = 1e-6,
+    ddof: int = 0,
 ) -> dict[int, float]:
-    """A_v = (r̃_v − mean) / (std + ε) within the group (population std).
+    """A_v = (r̃_v − mean) / (std + ε) within the group.
 
+    ``ddof=0`` is the population std, ``ddof=1`` the sample std (``torch.std``'s default, which
+    MARTI uses with ε = 1e-9); a group too small for it (one node with ``ddof=1``) has std 0.
     ``scale_std=False`` gives Dr. GRPO's unscaled A_v = r̃_v − mean; ``group_by="depth"`` groups
     the nodes of each depth separately.
     """
@@ -40,7 +43,8 @@ def group_advantages(
         values = np.array([shaped[m] for m in members], dtype=np.float64)
         centred = values - values.mean()
         if scale_std:
-            centred = centred / (values.std() + eps)
+            std = values.std(ddof=ddof) if len(values) > ddof else 0.0
+            centred = centred / (std + eps)
         for member, value in zip(members, centred, strict=True):
             advantages[member] = float(value)
     return advantages

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from mars2.sandbox import harness
+from mars2.sandbox.protocol import ResultRow
+from mars2.sandbox.runner import harness
 
 
 class Verdict(str, Enum):
@@ -39,7 +40,7 @@ class Job:
     per_test_timeout: float | None = None
     job_timeout: float | None = None
     early_stop: bool = False
-    profile: str = "lenient"  # grading profile, see mars2.sandbox.compare
+    profile: str = "lenient"  # grading profile, see mars2.sandbox.verdict.compare
 
     def payload(self, defaults: dict[str, Any]) -> dict[str, Any]:
         """The JSON-ready form a worker reads, with the sandbox's defaults filled in."""
@@ -70,14 +71,14 @@ class TestResult:
     __test__ = False
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TestResult:
+    def from_row(cls, row: ResultRow) -> TestResult:
         return cls(
-            index=int(data["index"]),
-            verdict=Verdict(data["verdict"]),
-            actual=str(data.get("actual", "")),
-            error=str(data.get("error", "")),
-            stderr=str(data.get("stderr", "")),
-            seconds=float(data.get("time", 0.0)),
+            index=row.index,
+            verdict=Verdict(row.verdict),
+            actual=row.actual,
+            error=row.error,
+            stderr=row.stderr,
+            seconds=row.time,
         )
 
 
@@ -106,16 +107,16 @@ class JobResult:
 
 
 def results_from_rows(
-    rows: Sequence[dict[str, Any] | None], count: int, missing_error: str
+    rows: Sequence[ResultRow | None], count: int, missing_error: str
 ) -> JobResult:
-    """Turn raw result rows (None where a test was never reported) into a `JobResult`."""
+    """Turn judged rows (None where a test was never reported) into a `JobResult`."""
     tests = []
     for index in range(count):
         row = rows[index] if index < len(rows) else None
         if row is None:
             tests.append(TestResult(index, Verdict.RUNTIME_ERROR, error=missing_error))
         else:
-            tests.append(TestResult.from_dict(row))
+            tests.append(TestResult.from_row(row))
     return JobResult(tests)
 
 

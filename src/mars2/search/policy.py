@@ -13,17 +13,20 @@ at the root, a refinement elsewhere), CONT means "descend into one of its childr
 - ``flat`` (the first mars2 policy): one argmax over "widen here" (children's rewards) and every
   child's subtree posterior; the agent is drawn once the node is chosen.
 
-The agent draw of ``bandit`` and ``flat`` may use results carried over from earlier trees and
-steps (``agent_scope="global"``); ``stack`` adds them to every action posterior. With
-``assignment="uniform"`` (an ablation) every agent draw is uniform over the candidate agents
-instead of Thompson sampling; the node choice is unchanged. Pending
-expansions count as failures until scored, so several picks made in one round spread out; with
-one expansion per round nothing is pending at a pick and the walk is the sequential algorithm.
+With ``agent_scope="global"`` each agent's results carried over from earlier trees and steps
+(`AgentStatistics`) act as a prior worth ``global_weight`` observations of that agent's carried
+mean reward: ``stack`` adds it to the root's action posteriors only (which agent writes a fresh
+solution; deeper choices rest on the evidence of this tree), ``bandit`` and ``flat`` to the
+agent draw. Every posterior sees raw grade rewards only. Pending expansions count as failures
+until scored, so several picks made in one round spread out; with one expansion per round nothing
+is pending at a pick and the walk is the sequential algorithm. With ``assignment="uniform"``
+(an ablation) every agent draw is uniform over the candidate agents instead of Thompson
+sampling; the node choice is unchanged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -48,7 +51,9 @@ class PolicyConfig:
     max_children: int | None = None
     refine_solved: bool = False
     agent_scope: AgentScope = "tree"
-    global_weight: float = 1.0
+    # agent_scope="global": how many observations each agent's carried mean reward counts for
+    # (8: about one training tree's worth of evidence).
+    global_weight: float = 8.0
     assignment: Assignment = "thompson"  # uniform: the agent is drawn at random (ablation)
 
     def __post_init__(self) -> None:
@@ -64,10 +69,19 @@ class PolicyConfig:
             raise ValueError("max_depth must be >= 1")
         if self.max_children is not None and self.max_children < 1:
             raise ValueError("max_children must be >= 1")
+        if self.global_weight < 0:
+            raise ValueError(
+                "global_weight (pseudo-observations of the carried statistics) must be >= 0"
+            )
 
 
 class AgentStatistics:
-    """Per-agent reward statistics carried across trees and steps (the agent-responsive prior)."""
+    """Per-agent reward statistics carried across trees and steps (the agent-responsive prior).
+
+    Under data parallelism every rank grows its own trees; `update` with `reduce` (a sum over the
+    ranks, e.g. `mars2.training.distributed.sum_across_ranks`) folds in the whole step's batch, so
+    every rank, and so every checkpoint, holds the same statistics.
+    """
 
     def __init__(self, decay: float = 1.0) -> None:
         if not 0.0 < decay <= 1.0:
@@ -75,16 +89,46 @@ class AgentStatistics:
         self.decay = decay
         self.stats: dict[str, RewardStats] = {}
 
-    def update(self, trees: Sequence[SearchTree]) -> None:
-        """Fold a finished batch of trees in, after decaying what was there."""
+    def update(
+        self,
+        trees: Sequence[SearchTree],
+        agents: Sequence[str] | None = None,
+        reduce: Callable[[list[float]], list[float]] | None = None,
+    ) -> None:
+        """Fold a finished batch of trees in, after decaying what was there.
+
+        `reduce` sums the batch's per-agent [count, total, total_sq, outside] over all ranks; it
+        needs the team's `agents` (the same list, in the same order, on every rank).
+        """
+        if reduce is not None and agents is None:
+            raise ValueError(
+                "update(reduce=...) needs the team's agents, in the same order on every rank"
+            )
+        batch: dict[str, RewardStats] = {name: RewardStats() for name in agents or []}
+        for tree in trees:
+            for node in tree.answers():
+                assert node.agent is not None
+                batch.setdefault(node.agent, RewardStats()).add(node.reward)
+        if reduce is not None:
+            assert agents is not None
+            if set(batch) != set(agents):
+                raise ValueError(
+                    f"nodes of agents {sorted(set(batch) - set(agents))} outside the team"
+                )
+            fields = ("count", "total", "total_sq", "outside")
+            flat = [float(getattr(batch[name], f)) for name in agents for f in fields]
+            summed = reduce(flat)
+            batch = {}
+            for i, name in enumerate(agents):
+                count, total, total_sq, outside = summed[4 * i : 4 * i + 4]
+                batch[name] = RewardStats(count, total, total_sq, 0, round(outside))
         for stat in self.stats.values():
             stat.count *= self.decay
             stat.total *= self.decay
             stat.total_sq *= self.decay
-        for tree in trees:
-            for node in tree.answers():
-                assert node.agent is not None
-                self.stats.setdefault(node.agent, RewardStats()).add(node.reward)
+        for name, fresh in batch.items():
+            if fresh.count:
+                self.stats[name] = self.stats.get(name, RewardStats()).plus(fresh)
 
     def get(self, agent: str) -> RewardStats:
         return self.stats.get(agent, RewardStats())
@@ -269,13 +313,38 @@ class ThompsonPolicy:
             raise ValueError("no agents to choose from")
         if self.config.assignment == "uniform":
             return agents[int(rng.integers(len(agents)))]
-        pooled = [stats.agent(name) for name in agents]
-        if self.config.agent_scope == "global" and global_stats is not None:
-            weight = self.config.global_weight
-            pooled = [
-                p.merged(global_stats.get(n), weight) for p, n in zip(pooled, agents, strict=True)
-            ]
+        pooled = self._with_carried([stats.agent(name) for name in agents], agents, global_stats)
         return agents[argmax(thompson_draws(pooled, self.config.prior, rng))]
+
+    def _with_carried(
+        self,
+        own: list[RewardStats],
+        agents: Sequence[str],
+        global_stats: AgentStatistics | None,
+    ) -> list[RewardStats]:
+        """`own` plus, with agent_scope="global", each agent's carried mean reward as a prior of
+        `global_weight` observations."""
+        if self.config.agent_scope != "global" or global_stats is None:
+            return own
+        weight = self.config.global_weight
+        return [
+            mine.plus(global_stats.get(name).as_observations(weight))
+            for mine, name in zip(own, agents, strict=True)
+        ]
+
+    def action_posteriors(
+        self,
+        stats: TreeStats,
+        node_id: int,
+        agents: Sequence[str],
+        global_stats: AgentStatistics | None = None,
+    ) -> list[RewardStats]:
+        """The data of each agent's action posterior at `node_id` (stack); carried statistics
+        join at the root only."""
+        actions = [stats.action(node_id, name) for name in agents]
+        if node_id != ROOT_ID:
+            return actions
+        return self._with_carried(actions, agents, global_stats)
 
     def _selectable_children(
         self, tree: SearchTree, stats: TreeStats, node_id: int, memo: dict[int, bool]
@@ -308,13 +377,7 @@ class ThompsonPolicy:
             candidates = list(agents) if widen else [a for a in agents if a in mine]
             if not candidates:
                 return None
-            actions = [stats.action(current, name) for name in candidates]
-            if self.config.agent_scope == "global" and global_stats is not None:
-                weight = self.config.global_weight
-                actions = [
-                    a.merged(global_stats.get(n), weight)
-                    for a, n in zip(actions, candidates, strict=True)
-                ]
+            actions = self.action_posteriors(stats, current, candidates, global_stats)
             best = candidates[argmax(thompson_draws(actions, prior, rng))]
             if self.config.assignment == "uniform":  # the ablation overrides the draw above
                 best = candidates[int(rng.integers(len(candidates)))]

@@ -19,11 +19,14 @@ class RewardStats:
     total: float = 0.0
     total_sq: float = 0.0
     pending: int = 0
+    outside: int = 0  # rewards outside [0, 1] among them (a Beta posterior refuses any)
 
     def add(self, reward: float, weight: float = 1.0) -> None:
         self.count += weight
         self.total += weight * reward
         self.total_sq += weight * reward * reward
+        if not 0.0 <= reward <= 1.0:
+            self.outside += 1
 
     def plus(self, other: RewardStats) -> RewardStats:
         """Both sets of rewards, pending results included."""
@@ -32,16 +35,15 @@ class RewardStats:
             self.total + other.total,
             self.total_sq + other.total_sq,
             self.pending + other.pending,
+            self.outside + other.outside,
         )
 
-    def merged(self, other: RewardStats, weight: float = 1.0) -> RewardStats:
-        """These stats plus `weight` times `other` (used for cross-tree agent priors)."""
-        return RewardStats(
-            self.count + weight * other.count,
-            self.total + weight * other.total,
-            self.total_sq + weight * other.total_sq,
-            self.pending,
-        )
+    def as_observations(self, count: float) -> RewardStats:
+        """The same mean and spread worth `count` observations (none when there are no rewards)."""
+        if self.count <= 0 or count <= 0:
+            return RewardStats()
+        scale = count / self.count
+        return RewardStats(count, self.total * scale, self.total_sq * scale, 0, self.outside)
 
 
 @dataclass(frozen=True)
@@ -61,8 +63,23 @@ class Prior:
             raise ValueError("prior parameters must be positive")
 
 
+def _refuse(stats: RewardStats) -> ValueError:
+    return ValueError(
+        f"a Beta posterior holds rewards in [0, 1] only, but {stats.outside} of these "
+        f"{stats.count:.6g} rewards lie outside it: search statistics must see the raw grade "
+        "reward in [0, 1] (binary or pass rate), never a shaped or length-penalised one. For "
+        "rewards outside [0, 1] use a Normal-Inverse-Gamma posterior "
+        "(search.config.policy.prior.kind=nig)."
+    )
+
+
 def beta_params(stats: RewardStats, prior: Prior) -> tuple[float, float]:
-    """Beta(α, β) after rewards r: α += r, β += 1 - r; pending results count as r = 0."""
+    """Beta(α, β) after rewards r: α += r, β += 1 - r; pending results count as r = 0.
+
+    Rewards outside [0, 1] are refused: they would make α or β meaningless (or negative).
+    """
+    if stats.outside:
+        raise _refuse(stats)
     alpha = prior.alpha + stats.total
     beta = prior.beta + (stats.count - stats.total) + stats.pending
     return alpha, beta
@@ -96,6 +113,9 @@ def thompson_draws(stats: list[RewardStats], prior: Prior, rng: np.random.Genera
     """One posterior sample of the mean reward for each of `stats` (scalar draws: with a handful
     of arms numpy's per-call overhead makes array draws slower)."""
     if prior.kind == "beta":
+        for s in stats:
+            if s.outside:
+                raise _refuse(s)
         a0, b0 = prior.alpha, prior.beta
         return [rng.beta(a0 + s.total, b0 + s.count - s.total + s.pending) for s in stats]
     return [thompson_draw(s, prior, rng) for s in stats]

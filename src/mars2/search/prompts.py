@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from mars2.data.problem import Problem, TestKind
 from mars2.generation.base import Messages
+from mars2.generation.prompt import CUTTABLE
 from mars2.sandbox.base import Verdict
 from mars2.search.tree import Node
 
@@ -18,6 +19,12 @@ DEFAULT_REFINE = (
     "A previous attempt:\n```python\n{code}\n```\n{feedback}\n"
     "Fix it and give the corrected, complete solution."
 )
+# A parent without code: its completion (often truncated reasoning) is not shown, the problem is.
+DEFAULT_REFINE_NO_CODE = (
+    "{statement}\n{starter}\n{instructions}\n\n"
+    "A previous attempt contained no code (no ```python code block that parses; it may have run "
+    "out of length before writing one). Give a complete solution in one ```python code block."
+)
 INSTRUCTIONS = {
     TestKind.STDIN: "Read the input from standard input and print the answer to standard output.",
     TestKind.CALL: "Write the function `{fn_name}` (a top-level function or a method of `class Solution`); it must return the answer.",
@@ -27,12 +34,24 @@ INSTRUCTIONS = {
 
 @dataclass(frozen=True)
 class PromptBuilder:
-    """Prompt templates (from config); fields: statement, starter, instructions, code, feedback."""
+    """Prompt templates (from config); fields: statement, starter, instructions, code, feedback.
+
+    `refine_no_code` is the refinement prompt for a parent whose answer had no code (fields:
+    statement, starter, instructions). A parent's code longer than `max_code_chars` keeps its
+    head; with the agent's `generation.max_prompt_tokens` set, the code is what gets cut (see
+    `mars2.generation.prompt.encode_prompt`), never the statement or the instructions.
+    """
 
     system: str = DEFAULT_SYSTEM
     fresh: str = DEFAULT_FRESH
     refine: str = DEFAULT_REFINE
+    refine_no_code: str = DEFAULT_REFINE_NO_CODE
     max_failures_shown: int = 3
+    max_code_chars: int = 12000
+
+    def __post_init__(self) -> None:
+        if self.max_code_chars < 1 or self.max_failures_shown < 0:
+            raise ValueError("max_code_chars must be >= 1 and max_failures_shown >= 0")
 
     def _fields(self, problem: Problem) -> dict[str, str]:
         starter = (
@@ -83,11 +102,16 @@ class PromptBuilder:
     def refine_messages(self, problem: Problem, parent: Node) -> Messages:
         """Ask for a corrected solution given `parent`'s code and its execution feedback."""
         fields = self._fields(problem)
-        fields.update(
-            code=(parent.code or parent.completion.text).strip(),
-            feedback=self.feedback_text(parent),
-        )
-        return self._chat(self.refine.format(**fields))
+        if parent.code is None:
+            return self._chat(self.refine_no_code.format(**fields))
+        code = parent.code.strip()
+        if len(code) > self.max_code_chars:
+            cut = len(code) - self.max_code_chars
+            code = f"{code[: self.max_code_chars]}\n# ... ({cut} more characters cut)"
+        fields.update(code=code, feedback=self.feedback_text(parent))
+        chat = self._chat(self.refine.format(**fields))
+        chat[-1][CUTTABLE] = code
+        return chat
 
     def messages_for(self, problem: Problem, parent: Node) -> Messages:
         """Fresh prompt under the root, refinement prompt under any other node."""

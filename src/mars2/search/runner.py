@@ -19,7 +19,7 @@ import numpy as np
 
 from mars2.data.problem import Problem
 from mars2.generation.base import Generator, Messages
-from mars2.sandbox.grader import Grade
+from mars2.sandbox.records import Grade
 from mars2.search.pipeline import Clock, PipelinedDriver
 from mars2.search.policy import AgentStatistics, PolicyConfig, ThompsonPolicy, TreeStats
 from mars2.search.prompts import PromptBuilder
@@ -31,7 +31,7 @@ Driver = Literal["rounds", "pipelined"]
 
 
 class GraderLike(Protocol):
-    """Anything that grades (problem, completion) pairs, e.g. `mars2.sandbox.grader.Grader`."""
+    """Anything that grades (problem, completion) pairs, e.g. `mars2.sandbox.verdict.grader.Grader`."""
 
     def grade(self, items: Sequence[tuple[Problem, str]]) -> list[Grade]: ...
 

@@ -27,7 +27,7 @@ from typing import Any, Literal, Protocol
 
 from mars2.data.problem import Problem
 from mars2.generation.base import Completion, Generator, Messages, StreamingGenerator
-from mars2.sandbox.grader import Grade
+from mars2.sandbox.records import Grade
 from mars2.search.latency import EngineModel, EngineRun, PoolRun, SandboxModel
 
 SANDBOX = "sandbox"  # the grader's name in usage reports (agent names are the generators')

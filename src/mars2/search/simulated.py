@@ -23,7 +23,7 @@ import numpy as np
 from mars2.data.problem import Problem, TestCase, TestKind
 from mars2.generation.base import Completion, Messages
 from mars2.sandbox.base import Verdict
-from mars2.sandbox.grader import Grade, TestFeedback
+from mars2.sandbox.records import Grade, TestFeedback
 from mars2.search.latency import AnswerLengths, EngineModel, SandboxModel, VirtualClock
 from mars2.search.services import tests_per_job
 

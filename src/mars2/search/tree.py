@@ -11,7 +11,7 @@ from typing import Any
 from mars2.data.problem import Problem
 from mars2.generation.base import Completion, Messages
 from mars2.sandbox.base import Verdict
-from mars2.sandbox.grader import Grade, TestFeedback
+from mars2.sandbox.records import Grade, TestFeedback
 from mars2.utils.atomic import atomic_open
 
 ROOT_ID = 0
@@ -29,7 +29,9 @@ def _ungraded() -> Grade:
 class Node:
     """An agent's answer: the sampled completion and its grade (the root has neither).
 
-    `reward` starts as the grade's reward; the rollout may lower it (overlong penalty).
+    `reward` is the grade's reward (binary or pass rate, in [0, 1]) and is never changed
+    afterwards: the search statistics and the shaping read it; length terms such as the overlong
+    penalty live on the training sample (`mars2.rewards.routing.Sample.length_term`).
     """
 
     id: int

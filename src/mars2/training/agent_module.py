@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,7 @@ from mars2.rewards.overlong import OverlongPenalty
 from mars2.training.losses import LossConfig, policy_loss, token_entropy, token_logprobs
 from mars2.training.members import next_batch
 
-__all__ = ["AgentModule", "GenerationConfig", "OptimConfig", "optimise_agent"]
+__all__ = ["AgentModule", "GenerationConfig", "OptimConfig", "advance_schedule", "optimise_agent"]
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,9 @@ class OptimConfig:
     One rollout feeds `ppo_epochs` x `mini_batches` optimizer steps: each epoch passes over the
     rollout's samples split into `mini_batches` parts. After the first step the policy is no
     longer the one that sampled, so the ratio to the rollout-time log-probs moves and clipping
-    acts. The schedule counts optimizer steps.
+    acts. The schedule counts team steps (rollouts): `warmup_steps` and `total_steps` are team
+    steps, every update of a rollout uses its team step's LR (verl likewise steps its scheduler
+    once per training step), and an agent that sits a step out still moves along its schedule.
     """
 
     lr: float = 1e-6
@@ -75,8 +78,7 @@ class AgentModule(pl.LightningModule):
         self.policy.train()  # from_pretrained returns eval mode
         # The reference is kept out of the module tree: it is never trained and never checkpointed.
         self._reference: list[Any] = []
-        if self.loss_config.beta > 0 and model.lora is None:
-            self._reference.append(frozen_copy(self.policy))
+        self.snapshot_reference()
         self._generator: ServedGenerator | None = None
         # Counts changes to the policy's weights (optimizer steps, loads, warm starts); the
         # generator records the version it serves and refuses to sample from an older one.
@@ -85,6 +87,14 @@ class AgentModule(pl.LightningModule):
         self.automatic_optimization = False
 
     # -- reference and generation -----------------------------------------------------------
+
+    def snapshot_reference(self) -> None:
+        """Make the KL reference a frozen copy of the policy as it is now (full fine-tuning with
+        β > 0; with LoRA the reference is the base with the adapter off). Called at construction
+        and again after a warm start, so the KL pulls toward the warm-started policy."""
+        if self.loss_config.beta > 0 and self.model_spec.lora is None:
+            self._reference.clear()  # the old copy goes first: never three models at once
+            self._reference.append(frozen_copy(self.policy))
 
     def reference_logprobs(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor
@@ -244,10 +254,11 @@ class AgentModule(pl.LightningModule):
         """Single-agent GRPO: train on this agent's part of a tree-search batch."""
         batch = next_batch(self, dataloader_iter)
         samples = batch["agents"].get(self.name, [])
-        if not samples:
-            return
         optimizer = self.optimizers(use_pl_optimizer=False)
         scheduler = self.lr_schedulers()
+        if not samples:
+            advance_schedule(scheduler)
+            return
         metrics = optimise_agent(
             self,
             optimizer,
@@ -285,7 +296,8 @@ def optimise_agent(
     global_sizes: Any = None,
     pad: Any = None,
 ) -> dict[str, float]:
-    """Update `agent` on one rollout's micro-batches: `ppo_epochs` x `mini_batches` steps.
+    """Update `agent` on one rollout's micro-batches: `ppo_epochs` x `mini_batches` steps, then one
+    step of its LR schedule (which counts rollouts).
 
     Every step's loss is normalised by the size of that whole step (its sequences and tokens over
     all its micro-batches, and over all ranks when `global_sizes` all-reduces [sequences, tokens]),
@@ -335,7 +347,6 @@ def optimise_agent(
                     torch.nn.utils.clip_grad_norm_(agent.policy.parameters(), cfg.grad_clip)
                 )
             optimizer.step()
-            scheduler.step()
             updates += 1
             for key, amount in step.items():
                 totals[key] = totals.get(key, 0.0) + amount
@@ -343,5 +354,13 @@ def optimise_agent(
                 totals["tokens"] = totals.get("tokens", 0.0) + local[1]
     result = {k: (v if k == "tokens" else v / max(1, updates)) for k, v in totals.items()}
     result["updates"] = float(updates)
-    result["lr"] = float(scheduler.get_last_lr()[0])
+    result["lr"] = float(scheduler.get_last_lr()[0])  # what this rollout's updates used
+    advance_schedule(scheduler)
     return result
+
+
+def advance_schedule(scheduler: Any) -> None:
+    """One team step along an agent's LR schedule, whether or not its optimizer stepped."""
+    with warnings.catch_warnings():  # an agent idle at the first step has not stepped yet: fine
+        warnings.filterwarnings("ignore", message=".*lr_scheduler.step\\(\\)` before.*")
+        scheduler.step()

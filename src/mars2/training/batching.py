@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+import zlib
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from mars2.rewards.routing import Sample
@@ -58,14 +61,43 @@ def collate(samples: Sequence[Sample], pad_id: int) -> dict[str, torch.Tensor]:
     }
 
 
+def part_bounds(rows: int, parts: int) -> list[int]:
+    """Where `rows` rows are cut into `parts` near-equal parts: parts + 1 row indices."""
+    return [round(rows * k / parts) for k in range(parts + 1)]
+
+
 def micro_batches(
-    samples: Sequence[Sample], size: int, pad_id: int
+    samples: Sequence[Sample],
+    size: int,
+    pad_id: int,
+    mini_batches: int = 1,
+    seed: Sequence[int] = (0,),
 ) -> list[dict[str, torch.Tensor]]:
-    """Split into micro-batches of at most `size` samples, longest first to keep padding low."""
+    """Micro-batches of at most `size` samples, laid out mini-batch after mini-batch.
+
+    The samples are shuffled by a generator seeded with `seed` (the run's seed, step, rank and
+    agent: reproducible, so a resumed run trains on the same mini-batches), cut into
+    `mini_batches` near-equal mini-batches, and sorted longest first inside each to keep padding
+    low; no micro-batch straddles two mini-batches, so `split_rows(batches, mini_batches)` gives
+    them back whole.
+    """
     if size < 1:
         raise ValueError("micro-batch size must be >= 1")
-    ordered = sorted(samples, key=_length, reverse=True)
-    return [collate(ordered[i : i + size], pad_id) for i in range(0, len(ordered), size)]
+    if mini_batches < 1:
+        raise ValueError("mini_batches must be >= 1")
+    order = np.random.default_rng(list(seed)).permutation(len(samples))
+    shuffled = [samples[int(i)] for i in order]
+    bounds = part_bounds(len(shuffled), mini_batches)
+    out: list[dict[str, torch.Tensor]] = []
+    for low, high in itertools.pairwise(bounds):
+        part = sorted(shuffled[low:high], key=_length, reverse=True)
+        out.extend(collate(part[i : i + size], pad_id) for i in range(0, len(part), size))
+    return out
+
+
+def shuffle_seed(seed: int, step: int, rank: int, agent: str) -> list[int]:
+    """The mini-batch shuffle's seed for one agent's samples of one step on one rank."""
+    return [seed, step, rank, zlib.crc32(agent.encode())]
 
 
 def split_rows(
@@ -82,7 +114,7 @@ def split_rows(
     if parts == 1:
         return [list(batches)]
     rows = sum(int(b["advantages"].shape[0]) for b in batches)
-    bounds = [round(rows * k / parts) for k in range(parts + 1)]
+    bounds = part_bounds(rows, parts)
     out: list[list[dict[str, torch.Tensor]]] = [[] for _ in range(parts)]
     start = 0
     for batch in batches:

@@ -17,6 +17,7 @@ from torchmetrics import MeanMetric
 from mars2.generation.engines import EnginePool
 from mars2.generation.factory import build_generators
 from mars2.search.tree import save_trees
+from mars2.training.distributed import sum_across_ranks
 from mars2.training.members import team_members
 
 log = logging.getLogger(__name__)
@@ -105,8 +106,9 @@ class MultiAgentCallback(pl.Callback):
         for agent in team_members(pl_module).values():
             agent.generator.catch_up()
         statistics = datamodule.engine.agent_statistics
-        if statistics is not None:
-            statistics.update(data.trees)
+        if statistics is not None:  # every rank folds in the whole step's trees
+            team = list(team_members(pl_module))
+            statistics.update(data.trees, agents=team, reduce=sum_across_ranks)
         running = {}
         for name in team_members(pl_module):
             for key in ("reward_mean", "solve_rate", "expansion_share"):

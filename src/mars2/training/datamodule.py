@@ -8,7 +8,7 @@ from typing import Any
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader, IterableDataset
 
-from mars2.training.batching import micro_batches
+from mars2.training.batching import micro_batches, shuffle_seed
 from mars2.training.members import team_members
 from mars2.training.rollout import RolloutEngine, TreeBundle
 
@@ -63,11 +63,10 @@ class TreeSearchDataModule(pl.LightningDataModule):
         per_agent = {}
         for name, samples in data.samples.items():
             agent = agents[name]
-            per_agent[name] = (
-                micro_batches(samples, agent.micro_batch_size, agent.tokenizer.pad_token_id)
-                if samples
-                else []
-            )
+            seed = shuffle_seed(self.engine.schedule.seed, step, rank, name)
+            size, pad = agent.micro_batch_size, agent.tokenizer.pad_token_id
+            mini = agent.optim_config.mini_batches
+            per_agent[name] = micro_batches(samples, size, pad, mini, seed) if samples else []
         return {
             "step": step,
             "agents": per_agent,

@@ -101,3 +101,14 @@ def agent_step_route(
         return list(batches) + [idle] * (int(most) + spare - len(batches))
 
     return lambda loss: backward(loss * world), None, pad
+
+
+def sum_across_ranks(values: list[float]) -> list[float]:
+    """`values` summed element-wise over all ranks, in float64 (themselves when not distributed)."""
+    if not is_distributed():
+        return list(values)
+    nccl = dist.get_backend() == "nccl"  # NCCL reduces GPU tensors only
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    return [float(v) for v in tensor.tolist()]

@@ -85,7 +85,9 @@ def policy_loss(
     num_sequences: float | None = None,
     num_tokens: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The loss to minimise and detached metrics (kl, clip_fraction, ratio).
+    """The loss to minimise and detached metrics: kl, clip_fraction (tokens whose gradient the
+    clip removes: ratio above 1+ε_high with A > 0, below 1−ε_low with A < 0), ratio_outside_band
+    (ratio outside [1−ε_low, 1+ε_high] whatever the sign of A) and the mean ratio.
 
     `num_sequences` and `num_tokens` are the sizes of the whole optimizer step (all micro-batches,
     all ranks; default: this batch). With them the step's loss, and so its gradient, is the sum of
@@ -115,9 +117,13 @@ def policy_loss(
         loss = loss + config.beta * _aggregate(kl, mask, config.variant, *sizes)
         metrics["kl"] = ((kl * mask).sum() / mask.sum().clamp(min=1)).detach()
     with torch.no_grad():
-        was_clipped = ((ratio - clipped).abs() > 1e-8).to(mask.dtype)
-        metrics["clip_fraction"] = (was_clipped * mask).sum() / mask.sum().clamp(min=1)
-        metrics["ratio"] = (ratio * mask).sum() / mask.sum().clamp(min=1)
+        tokens = mask.sum().clamp(min=1)
+        # Clipped where min() took the clipped term: its gradient is gone (TRL's and verl's count).
+        removed = ((clipped * adv) < (ratio * adv)).to(mask.dtype)
+        metrics["clip_fraction"] = (removed * mask).sum() / tokens
+        outside = ((ratio - clipped).abs() > 1e-8).to(mask.dtype)  # either sign of advantage
+        metrics["ratio_outside_band"] = (outside * mask).sum() / tokens
+        metrics["ratio"] = (ratio * mask).sum() / tokens
     return loss, metrics
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from mars2.data.problem import Problem
-from mars2.rewards.routing import AdvantageConfig, Sample, route_samples
+from mars2.rewards.routing import AdvantageConfig, LengthTerm, Sample, route_samples
 from mars2.search.policy import AgentStatistics
 from mars2.search.runner import GraderLike, TreeSearch
 from mars2.search.services import SANDBOX
@@ -75,14 +75,19 @@ class RolloutEngine:
         grader: GraderLike,
         advantages: AdvantageConfig | None = None,
         agent_statistics: AgentStatistics | None = None,
-        overlong_penalty: float = 0.0,
     ) -> None:
         self.schedule = schedule
         self.search = search
         self.grader = grader
         self.advantages = advantages or AdvantageConfig()
         self.agent_statistics = agent_statistics
-        self.overlong_penalty = overlong_penalty
+        if search.config.mode == "independent" and self.advantages.gamma != 0:
+            raise ValueError(
+                f"search.config.mode=independent with advantage.gamma={self.advantages.gamma}: "
+                "independent samples form no tree, so tree-consistent shaping only rescales every "
+                "advantage (by 1+γ+γ/(G−1), a hidden learning-rate change without std scaling). "
+                "Vanilla GRPO uses advantage.gamma=0 (search=grpo sets it)."
+            )
 
     def run(
         self,
@@ -90,10 +95,15 @@ class RolloutEngine:
         generators: Mapping[str, Any],
         rank: int = 0,
         world: int = 1,
-        overlong: Mapping[str, Any] | None = None,
+        overlong: Mapping[str, LengthTerm] | None = None,
     ) -> StepData:
-        """Grow, score and route the step's trees. `overlong[agent]`, a callable of the completion
-        length in tokens (e.g. `mars2.rewards.overlong.OverlongPenalty`), adds a reward term."""
+        """Grow, score and route the step's trees.
+
+        `overlong[agent]`, a function of the completion's length in tokens (e.g.
+        `mars2.rewards.overlong.OverlongPenalty`), adds a reward term to that agent's samples after
+        shaping (see `mars2.rewards.routing.tree_samples`); the trees keep the raw grade rewards,
+        which are all the search statistics ever see.
+        """
         problems = self.schedule.for_step(step, rank, world)
         seed = [self.schedule.seed, step, rank]
         torch.manual_seed(
@@ -104,14 +114,7 @@ class RolloutEngine:
             problems, generators, self.grader, np.random.default_rng(seed), step=step
         )
         elapsed = time.perf_counter() - began
-        for tree in trees:
-            for node in tree.answers():
-                if self.overlong_penalty and node.truncated:
-                    node.reward -= self.overlong_penalty  # may go negative, like DAPO's
-                term = (overlong or {}).get(node.agent or "")
-                if term is not None:
-                    node.reward += term(len(node.completion.token_ids))
-        samples = route_samples(trees, generators.keys(), self.advantages)
+        samples = route_samples(trees, generators.keys(), self.advantages, overlong)
         return StepData(step, trees, samples, self._metrics(trees, samples, elapsed))
 
     def _metrics(
@@ -128,6 +131,7 @@ class RolloutEngine:
             "grading_seconds": self.search.timings.grading,
             "search_bookkeeping_seconds": self.search.timings.bookkeeping,
             "trained_samples": float(sum(len(v) for v in samples.values())),
+            "truncated_share": float(np.mean([n.truncated for n in nodes])) if nodes else 0.0,
         }
         metrics.update(service_usage(self.search.timings.busy, self.search.timings.span, samples))
         tokens = sum(len(n.completion.token_ids) for n in nodes)
@@ -141,6 +145,8 @@ class RolloutEngine:
             metrics[f"{name}/solve_rate"] = (
                 float(np.mean([n.private_passed for n in mine])) if mine else 0.0
             )
+            terms = [s.length_term for s in samples[name]]
+            metrics[f"{name}/length_term_mean"] = float(np.mean(terms)) if terms else 0.0
         return metrics
 
 

@@ -62,6 +62,20 @@ def run_warm_start(cfg: DictConfig, agents: dict[str, AgentModule]) -> None:
         )
 
 
+def warm_start_needed(cfg: DictConfig) -> bool:
+    """Whether the run warms its agents up first: a fresh run with ``warm_start`` set, or a resumed
+    one whose KL reference (full fine-tuning with β > 0, never checkpointed) is the warm-started
+    policy; the seeded warm start rebuilds it and the checkpoint then brings the trained policy."""
+    if not cfg.get("warm_start"):
+        return False
+    if not cfg.get("ckpt_path"):
+        return True
+    return any(
+        float(agent.loss.get("beta", 0.0)) > 0 and agent.model.get("lora") is None
+        for agent in cfg.agents.values()
+    )
+
+
 def build_rollout(cfg: DictConfig, grader: Any) -> RolloutEngine:
     """The rollout engine of ``cfg.rollout``: its schedule over ``data.train``, the search, the
     grader and the advantage settings."""
@@ -85,7 +99,7 @@ def build_run(cfg: DictConfig) -> tuple[Any, TreeSearchDataModule, pl.Trainer, A
     """(team module, datamodule, trainer, sandbox) for a training config."""
     pl.seed_everything(cfg.seed, workers=True)
     agents = build_agents(cfg)
-    if cfg.get("warm_start") and not cfg.get("ckpt_path"):  # a checkpoint brings trained weights
+    if warm_start_needed(cfg):
         run_warm_start(cfg, agents)
     module: Any = MultiAgentModule(agents)
     sandbox = build_sandbox(cfg)

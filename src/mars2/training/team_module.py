@@ -8,7 +8,7 @@ from typing import Any, cast
 import lightning.pytorch as pl
 import torch
 
-from mars2.training.agent_module import AgentModule, optimise_agent
+from mars2.training.agent_module import AgentModule, advance_schedule, optimise_agent
 from mars2.training.distributed import agent_step_route, global_counts
 from mars2.training.members import next_batch
 
@@ -18,7 +18,8 @@ class MultiAgentModule(pl.LightningModule):
 
     Manual optimisation: for every agent with samples this step (on any rank) its own optimizer
     takes its steps on its own micro-batches (``optim.ppo_epochs`` x ``optim.mini_batches`` per
-    rollout); an agent with none is left exactly as it was.
+    rollout); an agent with none keeps its weights and optimizer state (its LR schedule, which
+    counts team steps, moves on).
     """
 
     def __init__(self, agents: Mapping[str, AgentModule]) -> None:
@@ -63,6 +64,7 @@ class MultiAgentModule(pl.LightningModule):
         for index, name in enumerate(self.agent_names):
             if total[index] == 0:
                 logged[f"{name}/stepped"] = 0.0
+                advance_schedule(schedulers[index])  # its schedule still counts the team step
                 continue
             agent = self.agent(name)
             backward, sync, pad = agent_step_route(agent, self.manual_backward)

@@ -42,8 +42,17 @@ def warm_start(agent: AgentModule, problems: Sequence[Problem], config: WarmStar
     `stop(epoch, loss)`, called after each epoch (counted from 1) once the weights are marked
     changed, ends the warm start when it returns True: e.g. a check of the agent's skill on
     problems it does not train on. The agent's weights version moves, and a generator already
-    attached serves the new weights.
+    attached serves the new weights and the KL reference (β > 0) becomes the warm-started policy. With LoRA the reference
+    is the base with the adapter off, which a warm start of the adapter leaves untrained: refused
+    with β > 0.
     """
+    if agent.loss_config.beta > 0 and agent.model_spec.lora is not None:
+        raise ValueError(
+            f"agent {agent.name!r}: a warm start trains the LoRA adapter, but with LoRA the KL "
+            "reference is the base with the adapter off, so with loss.beta > 0 the KL would pull "
+            "toward the model before the warm start. Set loss.beta=0, warm_start=null, or train "
+            "without LoRA (the reference is then a copy of the warm-started policy)."
+        )
     config = config or WarmStartConfig()
     prompts = prompts or PromptBuilder()
     tokenizer, policy = agent.tokenizer, agent.policy
@@ -98,6 +107,7 @@ def warm_start(agent: AgentModule, problems: Sequence[Problem], config: WarmStar
             if stop(epoch, losses[-1]):
                 break
     agent.mark_weights_changed()
+    agent.snapshot_reference()
     if agent.has_generator:
         agent.generator.sync()
     return losses

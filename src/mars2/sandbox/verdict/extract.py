@@ -12,7 +12,7 @@ import ast
 import re
 import warnings
 
-from mars2.sandbox.compare import DEFAULT_PROFILE, get_profile
+from mars2.sandbox.verdict.compare import DEFAULT_PROFILE, get_profile
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _PYTHON_TAGS = {"", "python", "py", "python3"}

@@ -2,7 +2,7 @@
 
 The harness never decides a verdict and never sees an expected output: for each test it reports
 what the answer did (its stdout, the returned value as plain data, what humaneval checks
-reported, how it ended, the CPU and wall time it used) and the judge (`mars2.sandbox.judge`, in
+reported, how it ended, the CPU and wall time it used) and the judge (`mars2.sandbox.verdict.judge`, in
 another process) compares. Standard library only (plus the loose `compare`/`prelude` modules): the
 local sandbox runs it in forked children, and the E2B sandbox ships this file verbatim to the
 remote machine. All tests of a job run in one process, so grading costs one fork per job.
@@ -31,8 +31,8 @@ except ImportError:  # pragma: no cover - not CPython
     _set_handler = signal.signal
 
 try:  # inside the mars2 package; E2B ships compare.py and prelude.py next to this file
-    from mars2.sandbox import prelude as _prelude
-    from mars2.sandbox.compare import clip, encode_value, find_callable, get_profile
+    from mars2.sandbox.verdict import prelude as _prelude
+    from mars2.sandbox.verdict.compare import clip, encode_value, find_callable, get_profile
 except ImportError:
     import prelude as _prelude  # type: ignore[no-redef]
     from compare import clip, encode_value, find_callable, get_profile  # type: ignore[no-redef]
@@ -583,7 +583,7 @@ def main() -> None:
         fn_name=job.get("fn_name"),
         start=int(job.get("start", 0)),
         cpu_limit=per_test,
-        wall_limit=float(job.get("wall_limit", per_test * 3 + 1)),
+        wall_limit=float(job["wall_limit"]),  # the caller applies protocol.wall_limit
         output_limit=job.get("output_limit", 1 << 20),
         profile=job.get("profile", "lenient"),
         scratch=os.getcwd(),

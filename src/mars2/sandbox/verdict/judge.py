@@ -13,8 +13,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from mars2.sandbox import harness
-from mars2.sandbox.compare import (
+from mars2.sandbox.protocol import ResultRow
+from mars2.sandbox.runner import harness
+from mars2.sandbox.verdict.compare import (
     Opaque,
     clip,
     compare_call,
@@ -350,7 +351,7 @@ class Watch:
         self.next_index = start  # the test the child is on
         self.tests, self.kind, self.profile, self.cpu_limit = tests, kind, profile, cpu_limit
         self.checks, self.early_stop = checks, early_stop
-        self.failed_row: dict[str, Any] | None = None
+        self.failed_row: ResultRow | None = None
         self.stop = False
         self._buffer = bytearray()
         self._junk = False
@@ -393,7 +394,7 @@ class Watch:
         row = judge_record(
             record, self.tests[index]["output"], self.kind, self.profile, self.cpu_limit, check
         )
-        self.stop = row["verdict"] != harness.PASSED
+        self.stop = row.verdict != harness.PASSED
 
     def _frame(self, text: bytes) -> None:
         self._frames_left -= 1
@@ -408,9 +409,7 @@ class Watch:
             return
         wrong = _humaneval_mismatch({"reports": frame.get("reports")}, check)
         if wrong is not None:
-            self.failed_row = {
-                "index": self.next_index, "verdict": harness.WRONG_ANSWER, "error": wrong
-            }  # fmt: skip
+            self.failed_row = ResultRow(self.next_index, harness.WRONG_ANSWER, wrong)
             self.stop = True
 
 
@@ -439,63 +438,72 @@ def judge_record(
     profile: str,
     cpu_limit: float,
     check: RewrittenCheck | None = None,
-) -> dict[str, Any]:
+) -> ResultRow:
     """One test's verdict row (index, verdict, actual, error, stderr, time) from its raw record."""
-    index = record["index"]
-    status = record["status"]
-    row: dict[str, Any] = {"index": index, "time": _number(record, "time")}
+    row = ResultRow(record["index"], harness.RUNTIME_ERROR, time=_number(record, "time"))
     stderr = _text(record, "stderr")
     if stderr:
-        row["stderr"] = clip(stderr, harness.TEXT_CAP)
+        row.stderr = clip(stderr, harness.TEXT_CAP)
     stdout = _text(record, "stdout")
     if kind == "stdin":
-        row["actual"] = clip(stdout, harness.TEXT_CAP)
+        row.actual = clip(stdout, harness.TEXT_CAP)
+    row.verdict, row.error = _verdict_of(record, stdout, expected, kind, profile, cpu_limit, check)
+    if kind == "call" and "value" in record:
+        try:
+            row.actual = clip(repr(decode_value(record["value"])), harness.TEXT_CAP)
+        except (ValueError, TypeError, KeyError, RecursionError, AttributeError):
+            row.actual = "<not plain data>"
+    return row
+
+
+def _verdict_of(
+    record: dict[str, Any],
+    stdout: str,
+    expected: str,
+    kind: str,
+    profile: str,
+    cpu_limit: float,
+    check: RewrittenCheck | None,
+) -> tuple[str, str]:
+    """(verdict, error) of one raw record."""
+    status = record["status"]
     error = clip(_text(record, "error"), harness.TEXT_CAP)
     if kind == "humaneval" and check is not None:
         wrong = _humaneval_mismatch(record, check)
         if wrong is not None:
-            row.update(verdict=harness.WRONG_ANSWER, error=wrong)
-            return row
+            return harness.WRONG_ANSWER, wrong
     if status != harness.OK:
         if status == harness.WALL:
             delay = _number(record, "delay") if "delay" in record else None
-            verdict, error = wall_trip_verdict(
+            return wall_trip_verdict(
                 _number(record, "cpu"), _number(record, "time"), delay, cpu_limit
             )
-        else:
-            verdict = _STATUS_VERDICTS.get(status, harness.RUNTIME_ERROR)
-            if verdict != status:
-                error = "malformed result record"
-        row.update(verdict=verdict, error=error)
-        return row
+        verdict = _STATUS_VERDICTS.get(status, harness.RUNTIME_ERROR)
+        return verdict, error if verdict == status else "malformed result record"
     if kind == "stdin":
         code = record.get("exit")
         if code is not None and get_profile(profile).exit_status_matters:
-            row.update(verdict=harness.RUNTIME_ERROR, error=f"exit code {code}")
-        else:
-            ok = compare_stdout(stdout, expected, profile)
-            row["verdict"] = harness.PASSED if ok else harness.WRONG_ANSWER
-        return row
+            return harness.RUNTIME_ERROR, f"exit code {code}"
+        ok = compare_stdout(stdout, expected, profile)
+        return (harness.PASSED if ok else harness.WRONG_ANSWER), ""
     if kind == "call":
-        return _judge_call(record, expected, profile, row)
+        return _judge_call(record, expected, profile)
     if check is None:
-        row.update(verdict=harness.RUNTIME_ERROR, error="the check does not compile")
-        return row
+        return harness.RUNTIME_ERROR, "the check does not compile"
     runs = [0] * len(check.sites)
     for item in record.get("reports", ()):
         if _is_report(item, len(check.sites)):
             runs[item[0]] += 1
     for site, ran in zip(check.sites, runs):
         if site.times and ran != site.times:
-            error = (
-                f"the check ended without running the assert on line {site.line}"
-                if ran == 0
-                else f"the assert on line {site.line} reported {ran} times, not {site.times}"
+            if ran == 0:
+                return harness.WRONG_ANSWER, (
+                    f"the check ended without running the assert on line {site.line}"
+                )
+            return harness.WRONG_ANSWER, (
+                f"the assert on line {site.line} reported {ran} times, not {site.times}"
             )
-            row.update(verdict=harness.WRONG_ANSWER, error=error)
-            return row
-    row["verdict"] = harness.PASSED
-    return row
+    return harness.PASSED, ""
 
 
 def _is_report(item: Any, sites: int) -> bool:
@@ -523,27 +531,18 @@ def _humaneval_mismatch(record: dict[str, Any], check: RewrittenCheck) -> str | 
     return None
 
 
-def _judge_call(
-    record: dict[str, Any], expected: str, profile: str, row: dict[str, Any]
-) -> dict[str, Any]:
+def _judge_call(record: dict[str, Any], expected: str, profile: str) -> tuple[str, str]:
     if "value" not in record:
-        row.update(verdict=harness.RUNTIME_ERROR, error="no value was returned")
-        return row
-    try:
-        row["actual"] = clip(repr(decode_value(record["value"])), harness.TEXT_CAP)
-    except (ValueError, TypeError, KeyError, RecursionError, AttributeError):
-        row["actual"] = "<not plain data>"
+        return harness.RUNTIME_ERROR, "no value was returned"
     try:
         ok = compare_call(record["value"], expected, profile)
     except ValueError as err:
         if "expected output" in str(err):
-            row.update(verdict=harness.RUNTIME_ERROR, error=f"bad test: {err}")
-            return row
+            return harness.RUNTIME_ERROR, f"bad test: {err}"
         ok = False
     except (TypeError, KeyError, RecursionError, AttributeError):
         ok = False
-    row["verdict"] = harness.PASSED if ok else harness.WRONG_ANSWER
-    return row
+    return (harness.PASSED if ok else harness.WRONG_ANSWER), ""
 
 
 def tests_inputs(tests: Sequence[dict[str, str]]) -> list[str]:

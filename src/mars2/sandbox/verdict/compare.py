@@ -31,7 +31,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 try:  # inside the mars2 package
-    from mars2.sandbox import prelude as _prelude
+    from mars2.sandbox.verdict import prelude as _prelude
 except ImportError:  # shipped as loose files next to the harness (E2B)
     import prelude as _prelude  # type: ignore[no-redef]
 

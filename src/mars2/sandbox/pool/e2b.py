@@ -14,21 +14,28 @@ import importlib
 import json
 import logging
 import os
+import random
 import threading
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mars2.sandbox import base, harness, judge
+from mars2.sandbox import base
 from mars2.sandbox.base import Job, JobResult, Sandbox, Verdict, results_from_rows
-from mars2.sandbox.compare import get_profile
+from mars2.sandbox.protocol import ResultRow, wall_limit
+from mars2.sandbox.runner import harness
+from mars2.sandbox.verdict import compare, judge, prelude
+from mars2.sandbox.verdict.compare import get_profile
 
 log = logging.getLogger(__name__)
 _MARKER = harness.MARKER
+# Shipped next to each other, flat: the harness imports the other two by their bare names there.
 _SOURCES = {
-    name: Path(__file__).with_name(name).read_text(encoding="utf-8")
-    for name in ("harness.py", "compare.py", "prelude.py")
+    f"{module.__name__.rsplit('.', 1)[1]}.py": Path(str(module.__file__)).read_text(
+        encoding="utf-8"
+    )
+    for module in (harness, compare, prelude)
 }
 
 
@@ -44,7 +51,9 @@ def parse_result_lines(stdout: str, count: int) -> list[dict[str, Any]]:
     return records
 
 
-def remote_job(job: Job, payload: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+def remote_job(
+    job: Job, payload: dict[str, Any], wall_factor: float = 3.0
+) -> tuple[dict[str, Any], list[Any]]:
     """The remote job file (inputs only) and the rewritten humaneval checks judged here."""
     inputs = judge.tests_inputs(payload["tests"])
     checks: list[judge.RewrittenCheck | None] = []
@@ -55,7 +64,7 @@ def remote_job(job: Job, payload: dict[str, Any]) -> tuple[dict[str, Any], list[
     remote = {
         "code": payload["code"], "kind": payload["kind"], "inputs": inputs,
         "fn_name": payload["fn_name"], "per_test_timeout": per_test,
-        "wall_limit": per_test * 3.0 + 1.0, "output_limit": payload["output_limit"],
+        "wall_limit": wall_limit(per_test, wall_factor), "output_limit": payload["output_limit"],
         "profile": payload["profile"], "early_stop": payload["early_stop"],
     }  # fmt: skip
     return remote, checks
@@ -64,7 +73,7 @@ def remote_job(job: Job, payload: dict[str, Any]) -> tuple[dict[str, Any], list[
 def judge_remote(job: Job, payload: dict[str, Any], stdout: str, checks: list[Any]) -> JobResult:
     """Verdicts, decided here, from a remote run's stdout."""
     count = len(job.tests)
-    rows: list[dict[str, Any] | None] = [None] * count
+    rows: list[ResultRow | None] = [None] * count
     for record in parse_result_lines(stdout, count):
         index = record["index"]
         rows[index] = judge.judge_record(
@@ -77,16 +86,22 @@ def judge_remote(job: Job, payload: dict[str, Any], stdout: str, checks: list[An
         )
     if payload.get("early_stop"):
         failed = next(
-            (i for i, r in enumerate(rows) if r is None or r["verdict"] != "passed"), None
+            (i for i, r in enumerate(rows) if r is None or r.verdict != harness.PASSED), None
         )
         if failed is not None and rows[failed] is not None:
             for i in range(failed + 1, count):
-                rows[i] = {"index": i, "verdict": harness.SKIPPED}
+                rows[i] = ResultRow(i, harness.SKIPPED)
     return results_from_rows(rows, count, "remote run ended before this test")
 
 
 class E2BSandbox(Sandbox):
-    """Remote sandbox on E2B with a concurrency limit, retries with backoff and timeouts."""
+    """Remote sandbox on E2B with a concurrency limit, retries with backoff and timeouts.
+
+    Sandboxes are created without internet access unless `allow_network` (the setting the local
+    sandbox shares). Creating many at once (a large first batch) is spread out: each create waits
+    a random delay of up to `create_jitter` seconds per create already pending, and at most
+    `max_parallel_creates` run at once, since E2B's gateway drops bursts of creates.
+    """
 
     def __init__(
         self,
@@ -98,8 +113,17 @@ class E2BSandbox(Sandbox):
         sandbox_timeout: int = 600,
         template: str | None = None,
         output_limit_mb: float = base.OUTPUT_LIMIT_MB,
+        allow_network: bool = False,
+        wall_factor: float = 3.0,
+        create_jitter: float = 0.25,
+        max_parallel_creates: int = 8,
+        seed: int | None = None,
         sdk: Any = None,
     ) -> None:
+        if wall_factor < 1.0 or create_jitter < 0 or max_parallel_creates < 1:
+            raise ValueError(
+                "wall_factor must be >= 1, create_jitter >= 0 and max_parallel_creates >= 1"
+            )
         self._api_key = api_key or os.environ.get("E2B_API_KEY")
         if not self._api_key:
             raise ValueError("E2BSandbox needs an API key: set E2B_API_KEY or pass api_key")
@@ -115,6 +139,13 @@ class E2BSandbox(Sandbox):
         self.retries = retries
         self.sandbox_timeout = sandbox_timeout
         self.template = template
+        self.allow_network = allow_network
+        self.wall_factor = wall_factor
+        self.create_jitter = create_jitter
+        self.max_parallel_creates = max_parallel_creates
+        self._rng = random.Random(seed)
+        self._pending_creates = 0
+        self._create_gate: asyncio.Semaphore | None = None
         self.defaults = {
             "per_test_timeout": per_test_timeout,
             "job_timeout": job_timeout,
@@ -129,15 +160,31 @@ class E2BSandbox(Sandbox):
 
     # -- pool -------------------------------------------------------------------------------
 
+    def create_options(self) -> dict[str, Any]:
+        """The keyword arguments of each `AsyncSandbox.create` call."""
+        options: dict[str, Any] = {
+            "api_key": self._api_key,
+            "timeout": self.sandbox_timeout,
+            "allow_internet_access": self.allow_network,
+        }
+        if self.template:
+            options["template"] = self.template
+        return options
+
     async def _acquire(self) -> Any:
-        assert self._idle is not None
+        assert self._idle is not None and self._create_gate is not None
         if not self._idle.empty():
             return self._idle.get_nowait()
-        kwargs: dict[str, Any] = {"api_key": self._api_key, "timeout": self.sandbox_timeout}
-        if self.template:
-            kwargs["template"] = self.template
-        self._created += 1
-        return await self._sdk.AsyncSandbox.create(**kwargs)
+        self._pending_creates += 1
+        try:
+            ahead = self._pending_creates - 1
+            if ahead and self.create_jitter:
+                await asyncio.sleep(self._rng.uniform(0.0, self.create_jitter * ahead))
+            async with self._create_gate:
+                self._created += 1
+                return await self._sdk.AsyncSandbox.create(**self.create_options())
+        finally:
+            self._pending_creates -= 1
 
     async def _discard(self, remote: Any) -> None:
         try:
@@ -148,7 +195,7 @@ class E2BSandbox(Sandbox):
     async def _run_job(self, job: Job) -> JobResult:
         assert self._semaphore is not None and self._idle is not None
         payload = job.payload(self.defaults)
-        remote_job_file, checks = remote_job(job, payload)
+        remote_job_file, checks = remote_job(job, payload, self.wall_factor)
         bound = get_profile(payload["profile"]).job_wall_bound(
             float(payload["per_test_timeout"]), len(job.tests), float(payload["job_timeout"])
         )
@@ -193,6 +240,7 @@ class E2BSandbox(Sandbox):
     async def _run_all(self, jobs: Sequence[Job]) -> list[JobResult]:
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(self.max_concurrency)
+            self._create_gate = asyncio.Semaphore(self.max_parallel_creates)
             self._idle = asyncio.Queue()
         return list(await asyncio.gather(*(self._run_job(job) for job in jobs)))
 
