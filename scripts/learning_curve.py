@@ -93,19 +93,21 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def code_version() -> str:
-    """The commit plus a hash of uncommitted changes to the code: a finished run is reused only
-    by the same code (None outside a git checkout: nothing is reused)."""
+    """A hash of the code (committed trees of src, scripts and configs plus uncommitted changes to
+    them): a finished run is reused only by the same code, whatever else a commit changed (docs);
+    outside a git checkout nothing is reused."""
     import hashlib
     import subprocess
 
+    code = ("src", "scripts", "configs")
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                              text=True, check=True).stdout.strip()  # fmt: skip
-        diff = subprocess.run(["git", "diff", "HEAD", "--", "src", "scripts", "configs"], cwd=REPO,
+        trees = subprocess.run(["git", "rev-parse", *(f"HEAD:{d}" for d in code)], cwd=REPO,
+                               capture_output=True, check=True).stdout  # fmt: skip
+        diff = subprocess.run(["git", "diff", "HEAD", "--", *code], cwd=REPO,
                               capture_output=True, check=True).stdout  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
         return f"unknown-{time.time()}"
-    return f"{head}+{hashlib.sha256(diff).hexdigest()[:12]}"
+    return hashlib.sha256(trees + diff).hexdigest()[:16]
 
 
 def _worker_init() -> None:
