@@ -20,8 +20,11 @@ Measured: each agent's held-out pass@1 every ``--eval-every`` steps (``--eval-sa
 samples per problem: methods sharing a warm start share the step-0 value exactly), and at the end
 Pass@1(MCTS) / Pass@N of each agent's own tree and of the team's tree on the held-out problems
 (``--eval-nodes`` nodes, searched on public tests, judged on all). Over the seeds: mean with 95%
-Student-t intervals, and paired per-seed differences. Writes ``summary.json``, ``runs.json``
-(every run's curves and trees) and ``learning_curve.png`` under ``--out``.
+Student-t intervals, and paired per-seed differences. Writes under ``--out``: ``summary.json``
+(``methods``: per method and agent ``gain_mean``, ``gain_ci95``, ``final_mean``, ``final_ci95``;
+``paired``: ``diff_mean``, ``diff_ci95`` per comparison), ``details.json`` (the end-of-run trees
+with intervals, the settings), ``runs.json`` (every run's curves, per-group scores, trees and
+cost) and ``learning_curve.png``.
 
     python scripts/learning_curve.py --seeds 5            # the whole suite
     python scripts/learning_curve.py --seeds 1 --steps 3 --eval-every 1   # a smoke run
@@ -295,9 +298,10 @@ def run_all(
         for job in warm:
             print(job.result(), flush=True)
         jobs = {}
-        # Teams first: they take longest, so the pool ends with short runs.
-        for method in sorted(methods, key=lambda m: not m.is_team):
-            for seed in seeds:
+        # Seed by seed, so that a suite cut short leaves whole seeds (``--seeds`` fewer then
+        # summarises them from the kept runs); within a seed teams first, as they take longest.
+        for seed in seeds:
+            for method in sorted(methods, key=lambda m: not m.is_team):
                 path = _run_path(args.out, method, seed)
                 if _cached(path, s) is None:
                     models = str(args.out / "warm" / f"seed{seed}")
@@ -334,7 +338,8 @@ def summarise(results: list[dict[str, Any]], methods: list[Method]) -> dict[str,
     final: dict[tuple[str, str], dict[int, float]] = {}  # (method, member) -> seed -> value
     gains: dict[tuple[str, str], dict[int, float]] = {}
     tree: dict[tuple[str, str, str], dict[int, float]] = {}  # (method, setting, metric)
-    summary: dict[str, Any] = {"methods": {}, "paired": {}, "trees": {}}
+    # trees and groups go to details.json
+    summary: dict[str, Any] = {"methods": {}, "paired": {}, "trees": {}, "groups": {}}
     for method in methods:
         summary["methods"][method.name] = {}
         for member, _ in method.members:
@@ -345,6 +350,21 @@ def summarise(results: list[dict[str, Any]], methods: list[Method]) -> dict[str,
             summary["methods"][method.name][member] = {
                 "gain_mean": g["mean"], "gain_ci95": g["ci95"],
                 "final_mean": f["mean"], "final_ci95": f["ci95"],
+            }  # fmt: skip
+            # Per problem group (add, mul, composition): step 0 and the mean of the last three.
+            by_group: dict[str, Any] = {}
+            for s in seeds:
+                raw = runs[(method.name, s)]["groups"][member]
+                steps = sorted(raw, key=int)
+                for group in raw[steps[0]]:
+                    start = raw[steps[0]][group]
+                    end = float(np.mean([raw[st][group] for st in steps[-3:]]))
+                    by_group.setdefault(group, {"start": {}, "final": {}})
+                    by_group[group]["start"][s], by_group[group]["final"][s] = start, end
+            summary["groups"].setdefault(method.name, {})[member] = {
+                group: {f"{k}_{part}": v for part, values in parts.items()
+                        for k, v in block(values).items()}
+                for group, parts in sorted(by_group.items())
             }  # fmt: skip
         summary["trees"][method.name] = {}
         for setting in runs[(method.name, seeds[0])]["trees"]:
@@ -362,6 +382,10 @@ def summarise(results: list[dict[str, Any]], methods: list[Method]) -> dict[str,
 
     names = {m.name for m in methods}
     for team in (m for m in methods if m.is_team):
+        for member, _ in team.members:  # the team's tree against each member's, same weights
+            for metric in ("pass@1(mcts)", "pass@N"):
+                pair(f"{team.name} team tree - its [{member}] own tree: {metric}",
+                     tree[(team.name, "team", metric)], tree[(team.name, member, metric)])  # fmt: skip
         for member, base in team.members:
             for alone in (f"vanilla GRPO ({base})", f"single-agent tree ({base})"):
                 if alone not in names:
@@ -458,6 +482,13 @@ def print_tables(summary: dict[str, Any]) -> None:
         for setting, v in settings.items():
             print(f"| {method} | {setting} | {_cell(v['pass@1(mcts)_mean'], v['pass@1(mcts)_ci95'])} "
                   f"| {_cell(v['pass@N_mean'], v['pass@N_ci95'])} |")  # fmt: skip
+    print("\n| method | agent | group | held-out pass@1 at step 0 | final |")
+    print("| --- | --- | --- | --- | --- |")
+    for method, agents in summary["groups"].items():
+        for agent, groups in agents.items():
+            for group, v in groups.items():
+                print(f"| {method} | {agent} | {group} | {_cell(v['mean_start'], v['ci95_start'])} "
+                      f"| {_cell(v['mean_final'], v['ci95_final'])} |")  # fmt: skip
     print("\n| paired per-seed difference | mean [95% interval] |")
     print("| --- | --- |")
     for label, v in summary["paired"].items():
@@ -504,11 +535,13 @@ def main() -> None:
     began = time.perf_counter()
     results = run_all(args, methods, seeds)
     summary = summarise(results, methods)
-    summary["settings"] = {**settings_of(args), "seeds": seeds}
+    details = {"trees": summary.pop("trees"), "groups": summary.pop("groups"),
+               "settings": {**settings_of(args), "seeds": seeds}}  # fmt: skip
     (args.out / "runs.json").write_text(json.dumps(results, indent=1))
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1))  # the shape
+    (args.out / "details.json").write_text(json.dumps(details, indent=1))
     plot(results, methods, args.out / "learning_curve.png")
-    print_tables(summary)
+    print_tables({**summary, **details})
     import resource
 
     # Every process of this suite (the pool's workers and their sandboxes are reaped by now): on
