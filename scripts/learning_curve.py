@@ -196,6 +196,9 @@ def run_job(
     from mars2.training.run import build_run
 
     started = time.process_time()
+    # A pool worker runs several jobs: its reaped children's CPU time (the sandbox's) is counted
+    # from here, not from the worker's start.
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     method = BY_NAME[method_name]
     bases = sorted({base for _, base in method.members}, key=[A, B].index)
     per_agent = [f"generation.temperature={s['temperature']}", f"optim.lr={s['lr']}",
@@ -244,6 +247,7 @@ def run_job(
     finally:
         sandbox.close()
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    sandbox_cpu = (children.ru_utime - before.ru_utime) + (children.ru_stime - before.ru_stime)
     members = {member: base for member, base in method.members}
     return {
         "method": method.name,
@@ -258,7 +262,7 @@ def run_job(
         "job_cpu_seconds": time.process_time() - started,  # with config, model loading
         "held_out_cpu_seconds": curves.cpu_seconds,
         "tree_cpu_seconds": trees.cpu_seconds,
-        "sandbox_cpu_seconds": children.ru_utime + children.ru_stime,
+        "sandbox_cpu_seconds": sandbox_cpu,
     }
 
 
