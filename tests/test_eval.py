@@ -348,3 +348,83 @@ def test_tiny_eval_twice_same_numbers_and_killed_eval_resumes_exactly(
     final = _eval_files(tmp_path / "c")
     for name, text in partial.items():  # nothing finished before the kill was lost or changed
         assert final[name] == text if name.startswith("trees") else final[name].startswith(text)
+
+
+class _OneSkill(OracleGenerator):
+    """Solves the problems of one group of the two-skill task and nothing else."""
+
+    def __init__(self, problems, group: str) -> None:
+        super().__init__(
+            problems,
+            lambda p: reference_solution(p) if p.metadata["group"] == group else "print(0)",
+        )
+
+    def catch_up(self) -> bool:  # the callbacks bring a trained agent's generator up to date
+        return False
+
+
+class _Coin(_OneSkill):
+    """Right on any problem with probability 1/2, drawn from torch's generator."""
+
+    def generate(self, chats):
+        out = super().generate(chats)
+        return [c if torch.rand(()) < 0.5 else type(c)(text="print(0)") for c in out]
+
+
+def _stand_ins(grader, generators):
+    """The trainer and team a callback reads: the run's grader and each agent's generator."""
+    from types import SimpleNamespace
+
+    trainer = SimpleNamespace(
+        datamodule=SimpleNamespace(engine=SimpleNamespace(grader=grader)), logger=None
+    )
+    members = {name: SimpleNamespace(generator=g) for name, g in generators.items()}
+    return trainer, SimpleNamespace(agents=members)
+
+
+def _skill_sample():
+    from mars2.data.sources import skills
+
+    held = skills("held_out")
+    return [p for g in ("add", "mul", "composition") for p in held if p.metadata["group"] == g][::4]
+
+
+def test_held_out_callback_reports_groups_and_seeded_repeats(sandbox) -> None:
+    from mars2.eval.callbacks import HeldOutEvalCallback
+
+    problems = _skill_sample()
+    share = sum(p.metadata["group"] == "add" for p in problems) / len(problems)
+    trainer, team = _stand_ins(Grader(sandbox), {"adder": _OneSkill(problems, "add")})
+    callback = HeldOutEvalCallback(problems, samples=2, seed=7)
+    callback._evaluate(trainer, team, 0)
+    assert callback.history == [(0, "adder", pytest.approx(share))]
+    assert callback.groups == [(0, "adder", {"add": 1.0, "composition": 0.0, "mul": 0.0})]
+    # Seeded: the same weights score the same at every evaluation, in every run.
+    trainer, team = _stand_ins(Grader(sandbox), {"coin": _Coin(problems, "add")})
+    seeded = HeldOutEvalCallback(problems, samples=2, seed=7)
+    for step in (0, 5):
+        seeded._evaluate(trainer, team, step)
+    assert seeded.history[0][2] == seeded.history[1][2]
+    assert 0.0 < seeded.history[0][2] < share  # the coin is right on about half of "add"
+
+
+def test_tree_callback_scores_each_agent_and_the_team(sandbox) -> None:
+    from mars2.eval.callbacks import TreeEvalCallback
+
+    problems = _skill_sample()
+    share = {
+        g: sum(p.metadata["group"] == g for p in problems) / len(problems) for g in ("add", "mul")
+    }
+    generators = {"adder": _OneSkill(problems, "add"), "multiplier": _OneSkill(problems, "mul")}
+    trainer, team = _stand_ins(Grader(sandbox), generators)
+    callback = TreeEvalCallback(problems, SearchConfig(max_nodes=6), seed=0)
+    callback.on_train_end(trainer, team)  # type: ignore[arg-type]
+    results = callback.results
+    assert set(results) == {"adder", "multiplier", "team"}
+    assert results["adder"]["pass@N"] == pytest.approx(share["add"])
+    assert results["multiplier"]["pass@1(mcts)"] == pytest.approx(share["mul"])
+    # Complementary agents: the shared tree covers both halves, and no one solves compositions.
+    assert results["team"]["pass@N"] == pytest.approx(share["add"] + share["mul"])
+    assert results["team"]["pass@1(mcts)"] == pytest.approx(share["add"] + share["mul"])
+    assert results["team"]["composition"]["pass@N"] == 0.0
+    assert results["adder"]["mul"]["pass@N"] == 0.0

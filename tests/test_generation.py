@@ -334,6 +334,25 @@ def test_warm_start_stops_at_its_target_loss(tiny_models_dir: Path) -> None:
     assert len(unmet) == 2
 
 
+def test_warm_start_ends_when_its_stop_check_says_so(tiny_models_dir: Path) -> None:
+    from mars2.data.sources import arithmetic
+    from mars2.training.warm_start import WarmStartConfig, warm_start
+
+    agent = _agent(tiny_models_dir / "tiny_llama", GenerationConfig())
+    checks: list[tuple[int, float, int]] = []
+
+    def stop(epoch: int, loss: float) -> bool:
+        checks.append((epoch, loss, agent.weights_version))
+        return epoch == 2
+
+    config = WarmStartConfig(epochs=5, batch_size=4)
+    losses = warm_start(agent, arithmetic("warm_start")[:4], config, stop=stop)
+    assert len(losses) == 2
+    assert [(epoch, loss) for epoch, loss, _ in checks] == [(1, losses[0]), (2, losses[1])]
+    # Each check sees the weights marked changed, so a generator it uses serves the new ones.
+    assert checks[1][2] > checks[0][2]
+
+
 def test_warm_start_moves_the_kl_reference_with_it(tiny_models_dir: Path) -> None:
     """With β > 0 the KL must pull toward the warm-started policy, not the untrained one."""
     from mars2.data.sources import arithmetic

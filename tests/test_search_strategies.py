@@ -171,3 +171,28 @@ def test_normal_inverse_gamma_posteriors_work_with_every_strategy(strategy: str)
     )
     assert all(len(t) == 10 for t in trees)
     assert {n.agent for t in trees for n in t.answers()} == {"a", "b"}
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_uniform_assignment_ignores_the_agents_results(strategy: str) -> None:
+    # "a" solved three times at the root, "b" failed three times, and only the root may be
+    # widened (max_depth=1), so every pick is one agent draw: Thompson sampling sends nearly every
+    # expansion to "a", the uniform ablation splits them evenly whatever the results.
+    scenario = [(0, "a", 1.0), (0, "b", 0.0)] * 3
+    shares = {}
+    for assignment in ("thompson", "uniform"):
+        tree = SearchTree.new(simulated_problems(1)[0])
+        for parent, agent, reward in scenario:
+            tree.add(parent, agent=agent, reward=reward)
+        stats = TreeStats(tree)
+        config = PolicyConfig(strategy=strategy, assignment=assignment, max_depth=1)  # type: ignore[arg-type]
+        policy, rng = ThompsonPolicy(config), np.random.default_rng(0)
+        agents = Counter(policy.select(tree, stats, AGENTS, rng)[1] for _ in range(N))  # type: ignore[index]
+        shares[assignment] = agents["a"] / N
+    assert shares["thompson"] > 0.8
+    assert abs(shares["uniform"] - 0.5) < 4.5 * np.sqrt(0.25 / N)
+
+
+def test_unknown_assignment_is_a_clear_config_error() -> None:
+    with pytest.raises(ValueError, match="unknown assignment 'random'"):
+        PolicyConfig(assignment="random")  # type: ignore[arg-type]

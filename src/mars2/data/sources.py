@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 from mars2.data.problem import Problem
+from mars2.data.skills import skill_parts
 from mars2.data.toy import arithmetic_problems, split_problems, toy_problems
 
 
@@ -36,3 +37,12 @@ def arithmetic(part: str = "train", seed: int = 0) -> list[Problem]:
     if part not in parts:
         raise ValueError(f"unknown arithmetic part {part!r}: use {sorted(parts)}")
     return [problems[i] for i in sorted(parts[part])]
+
+
+def skills(part: str = "train", seed: int = 0) -> list[Problem]:
+    """Two-skill arithmetic (see `mars2.data.skills`): ``warm_start_add``, ``warm_start_mul``,
+    ``train`` or ``held_out``, all disjoint."""
+    parts = skill_parts(seed)
+    if part not in parts:
+        raise ValueError(f"unknown skills part {part!r}: use {sorted(parts)}")
+    return parts[part]

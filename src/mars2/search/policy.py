@@ -19,7 +19,9 @@ mean reward: ``stack`` adds it to the root's action posteriors only (which agent
 solution; deeper choices rest on the evidence of this tree), ``bandit`` and ``flat`` to the
 agent draw. Every posterior sees raw grade rewards only. Pending expansions count as failures
 until scored, so several picks made in one round spread out; with one expansion per round nothing
-is pending at a pick and the walk is the sequential algorithm.
+is pending at a pick and the walk is the sequential algorithm. With ``assignment="uniform"``
+(an ablation) every agent draw is uniform over the candidate agents instead of Thompson
+sampling; the node choice is unchanged.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from mars2.search.tree import ROOT_ID, SearchTree
 AgentScope = Literal["tree", "global"]
 Strategy = Literal["stack", "bandit", "flat"]
 STRATEGIES = ("stack", "bandit", "flat")
+Assignment = Literal["thompson", "uniform"]
 
 
 @dataclass(frozen=True)
@@ -51,12 +54,15 @@ class PolicyConfig:
     # agent_scope="global": how many observations each agent's carried mean reward counts for
     # (8: about one training tree's worth of evidence).
     global_weight: float = 8.0
+    assignment: Assignment = "thompson"  # uniform: the agent is drawn at random (ablation)
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
             raise ValueError(
                 f"unknown search strategy {self.strategy!r}: use 'stack', 'bandit' or 'flat'"
             )
+        if self.assignment not in ("thompson", "uniform"):
+            raise ValueError(f"unknown assignment {self.assignment!r}: use 'thompson' or 'uniform'")
         if self.agent_scope not in ("tree", "global"):
             raise ValueError(f"unknown agent_scope {self.agent_scope!r}: use 'tree' or 'global'")
         if self.max_depth is not None and self.max_depth < 1:
@@ -305,6 +311,8 @@ class ThompsonPolicy:
         """Thompson draw over each agent's results in scope; ties go to the earlier agent."""
         if not agents:
             raise ValueError("no agents to choose from")
+        if self.config.assignment == "uniform":
+            return agents[int(rng.integers(len(agents)))]
         pooled = self._with_carried([stats.agent(name) for name in agents], agents, global_stats)
         return agents[argmax(thompson_draws(pooled, self.config.prior, rng))]
 
@@ -371,6 +379,8 @@ class ThompsonPolicy:
                 return None
             actions = self.action_posteriors(stats, current, candidates, global_stats)
             best = candidates[argmax(thompson_draws(actions, prior, rng))]
+            if self.config.assignment == "uniform":  # the ablation overrides the draw above
+                best = candidates[int(rng.integers(len(candidates)))]
             children = mine.get(best)
             if not children:
                 return current, best

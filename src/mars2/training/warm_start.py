@@ -43,12 +43,16 @@ def answer_text(problem: Problem) -> str:
 
 def warm_start(agent: AgentModule, problems: Sequence[Problem], config: WarmStartConfig | None = None,
                prompts: PromptBuilder | None = None,
-               on_epoch: Callable[[float], None] | None = None) -> list[float]:  # fmt: skip
+               on_epoch: Callable[[float], None] | None = None,
+               stop: Callable[[int, float], bool] | None = None) -> list[float]:  # fmt: skip
     """Fine-tune `agent.policy` in place on (prompt, reference answer) pairs; returns epoch losses.
 
-    The agent's weights version moves, a generator already attached serves the new weights and
-    the KL reference (β > 0) becomes the warm-started policy. With LoRA the reference is the base
-    with the adapter off, which a warm start of the adapter leaves untrained: refused with β > 0.
+    `stop(epoch, loss)`, called after each epoch (counted from 1) once the weights are marked
+    changed, ends the warm start when it returns True: e.g. a check of the agent's skill on
+    problems it does not train on. The agent's weights version moves, and a generator already
+    attached serves the new weights and the KL reference (β > 0) becomes the warm-started policy. With LoRA the reference
+    is the base with the adapter off, which a warm start of the adapter leaves untrained: refused
+    with β > 0.
     """
     if agent.loss_config.beta > 0 and agent.model_spec.lora is not None:
         raise ValueError(
@@ -76,8 +80,8 @@ def warm_start(agent: AgentModule, problems: Sequence[Problem], config: WarmStar
     rng = random.Random(config.seed)
     device = next(policy.parameters()).device
     losses = []
-    policy.train()
-    for _ in range(config.epochs):
+    for epoch in range(1, config.epochs + 1):
+        policy.train()  # a stop check may have generated in between
         rng.shuffle(examples)
         total, count = 0.0, 0
         for start in range(0, len(examples), config.batch_size):
@@ -106,6 +110,10 @@ def warm_start(agent: AgentModule, problems: Sequence[Problem], config: WarmStar
             on_epoch(losses[-1])
         if config.target_loss is not None and losses[-1] <= config.target_loss:
             break
+        if stop is not None:
+            agent.mark_weights_changed()
+            if stop(epoch, losses[-1]):
+                break
     agent.mark_weights_changed()
     agent.snapshot_reference()
     if agent.has_generator:

@@ -1,0 +1,139 @@
+"""Two-skill arithmetic: the learning demo's task on which a team can matter.
+
+"Read an integer n from standard input and print <expression>", where the expression uses one
+skill or both. The ``add`` skill is the operators + and -, the ``mul`` skill * and //:
+
+- single-skill problems: ``n <op> K`` for each operator and K = 1..99;
+- within-skill two-operator problems (warm start only): ``n <op1> a <op2> b`` with both operators
+  from one skill, so that each agent knows the two-operator program shape;
+- compositions (train and held out): ``n <mul op> a <add op> b``, so they need both skills.
+
+Statements name the operators in words ("n times 37 plus 5"), so an agent cannot solve a skill by
+copying a symbol from the statement: it has to have learnt which program each word asks for.
+
+Each agent's warm start holds one skill only (its single- and two-operator problems), so it starts
+able on its half and unable on the other half and on compositions: the words of the other skill
+were never in its inputs, nor its operators in its outputs. RL training and held-out problems mix
+both halves and the compositions. All parts are disjoint: no problem of one part is in another.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+import random
+from collections.abc import Callable
+
+from mars2.data.problem import Problem, TestCase, TestKind
+
+# operator -> (its words in a statement, its name in problem ids, its function)
+SKILLS: dict[str, dict[str, tuple[str, str, Callable[[int, int], int]]]] = {
+    "add": {"+": ("plus", "plus", operator.add), "-": ("minus", "minus", operator.sub)},
+    "mul": {
+        "*": ("times", "times", operator.mul),
+        "//": ("floor-divided by", "floordiv", operator.floordiv),
+    },
+}
+GROUPS = ("add", "mul", "composition")
+PARTS = (
+    "warm_start_add",
+    "warm_start_mul",
+    "warm_check_add",
+    "warm_check_mul",
+    "train",
+    "held_out",
+)
+MAX_K = 99
+# Per operator, how many of K = 1..MAX_K go to the warm start of the agent owning the operator,
+# to the check that ends it, and to the held-out part; the rest are RL training problems.
+WARM, CHECK, HELD_SINGLE = 30, 8, 12
+WITHIN_WARM = 4  # warm-start two-operator problems per within-skill operator pair
+COMPOSITIONS_TRAIN, COMPOSITIONS_HELD = 16, 3  # per (mul, add) operator pair (4 pairs)
+INPUT_RANGE = (-100_000, 100_000)  # wide enough that n // a differs for a and a + 1
+
+
+def skill_of(symbol: str) -> str:
+    """The skill an operator belongs to."""
+    for skill, ops in SKILLS.items():
+        if symbol in ops:
+            return skill
+    raise ValueError(f"unknown operator {symbol!r}")
+
+
+def _apply(symbol: str, left: int, right: int) -> int:
+    return SKILLS[skill_of(symbol)][symbol][2](left, right)
+
+
+def evaluate(n: int, terms: tuple[tuple[str, int], ...]) -> int:
+    """Python's value of ``n <op1> k1 [<op2> k2]``: * and // bind tighter than + and -."""
+    if len(terms) == 1:
+        ((op, k),) = terms
+        return _apply(op, n, k)
+    (op1, a), (op2, b) = terms
+    if skill_of(op1) == "add" and skill_of(op2) == "mul":
+        return _apply(op1, n, _apply(op2, a, b))
+    return _apply(op2, _apply(op1, n, a), b)
+
+
+def _problem(terms: tuple[tuple[str, int], ...], group: str, seed: int,
+             num_public: int, num_private: int) -> Problem:  # fmt: skip
+    expression = " ".join(f"{op} {k}" for op, k in terms)
+    words = " ".join(f"{SKILLS[skill_of(op)][op][0]} {k}" for op, k in terms)
+    name = "_".join(f"{SKILLS[skill_of(op)][op][1]}{k}" for op, k in terms)
+    rng = random.Random(f"{seed}-skills-{name}")
+    inputs = [rng.randint(*INPUT_RANGE) for _ in range(num_public + num_private)]
+    cases = [TestCase(str(n), str(evaluate(n, terms))) for n in inputs]
+    return Problem(
+        id=f"skills/{name}",
+        statement=f"Read an integer n from standard input and print n {words}.",
+        test_kind=TestKind.STDIN,
+        public_tests=tuple(cases[:num_public]),
+        private_tests=tuple(cases[num_public:]),
+        metadata={
+            "source": "skills",
+            "difficulty": group,  # the eval breakdown groups by difficulty
+            "group": group,
+            "skills": sorted({skill_of(op) for op, _ in terms}),
+            "reference_solution": f"print(int(input()) {expression})\n",
+        },
+    )
+
+
+def skill_parts(
+    seed: int = 0, num_public: int = 2, num_private: int = 3
+) -> dict[str, list[Problem]]:
+    """The four disjoint parts: each skill's warm start, RL training and held out (seeded)."""
+    rng = random.Random(f"{seed}-skills-split")
+    parts: dict[str, list[Problem]] = {part: [] for part in PARTS}
+    drawn: set[tuple[tuple[str, int], ...]] = set()
+
+    def add(part: str, terms: tuple[tuple[str, int], ...], group: str) -> None:
+        drawn.add(terms)
+        parts[part].append(_problem(terms, group, seed, num_public, num_private))
+
+    def fresh_pair(op1: str, op2: str) -> tuple[tuple[str, int], ...]:
+        while True:  # a two-operator problem never repeats, so parts stay disjoint
+            terms = ((op1, rng.randint(1, MAX_K)), (op2, rng.randint(1, MAX_K)))
+            if terms not in drawn:
+                return terms
+
+    for skill, ops in SKILLS.items():
+        for symbol in ops:
+            ks = rng.sample(range(1, MAX_K + 1), MAX_K)
+            cuts = (0, WARM, WARM + CHECK, WARM + CHECK + HELD_SINGLE, MAX_K)
+            for part, (lo, hi) in zip((f"warm_start_{skill}", f"warm_check_{skill}", "held_out",
+                                       "train"), itertools.pairwise(cuts), strict=True):  # fmt: skip
+                for k in ks[lo:hi]:
+                    add(part, ((symbol, k),), skill)
+        for op1, op2 in itertools.product(ops, repeat=2):
+            for _ in range(WITHIN_WARM):
+                add(f"warm_start_{skill}", fresh_pair(op1, op2), skill)
+    add_ops, mul_ops = list(SKILLS["add"]), list(SKILLS["mul"])
+    for op1, op2 in itertools.product(mul_ops, add_ops):  # mul first: one reading only
+        for index in range(COMPOSITIONS_HELD + COMPOSITIONS_TRAIN):
+            add(
+                "held_out" if index < COMPOSITIONS_HELD else "train",
+                fresh_pair(op1, op2),
+                "composition",
+            )
+    return parts

@@ -1,0 +1,77 @@
+"""The learning suite's two-skill task: complementary halves, compositions, disjoint parts."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from mars2.data.skills import PARTS, SKILLS, skill_parts
+from mars2.data.sources import skills
+from mars2.eval.runner import ResultStore, evaluate_sampling, summarise_sampling
+from mars2.generation.oracle import OracleGenerator
+from mars2.sandbox.verdict.grader import Grader
+
+WORDS = {skill: [words for words, _, _ in ops.values()] for skill, ops in SKILLS.items()}
+
+
+def _operators(problem) -> list[str]:
+    expression = problem.metadata["reference_solution"].removeprefix("print(int(input()) ")
+    return re.findall(r"//|[-+*]", expression)
+
+
+def test_parts_are_disjoint_and_deterministic() -> None:
+    parts = skill_parts()
+    ids = [p.id for part in PARTS for p in parts[part]]
+    statements = [p.statement for part in PARTS for p in parts[part]]
+    assert len(ids) == len(set(ids)) and len(statements) == len(set(statements))
+    assert skill_parts() == parts
+    assert skill_parts(seed=1)["held_out"] != parts["held_out"]
+
+
+def test_warm_starts_hold_one_skill_each() -> None:
+    parts = skill_parts()
+    for skill, other in (("add", "mul"), ("mul", "add")):
+        for part in (f"warm_start_{skill}", f"warm_check_{skill}"):
+            problems = parts[part]
+            assert problems and {p.metadata["group"] for p in problems} == {skill}
+            assert all(op in SKILLS[skill] for p in problems for op in _operators(p))
+            # The other skill's words never reach this agent's inputs.
+            assert not any(w in p.statement for p in problems for w in WORDS[other])
+        # Two-operator problems teach the program shape compositions need.
+        assert any(len(_operators(p)) == 2 for p in parts[f"warm_start_{skill}"])
+
+
+@pytest.mark.parametrize("part", ["train", "held_out"])
+def test_train_and_held_out_mix_both_halves_and_compositions(part: str) -> None:
+    problems = skills(part)
+    groups = {g: [p for p in problems if p.metadata["group"] == g] for g in ("add", "mul")}
+    compositions = [p for p in problems if p.metadata["group"] == "composition"]
+    assert len(groups["add"]) == len(groups["mul"]) > 0 and compositions
+    for skill, members in groups.items():
+        assert all(_operators(p) and set(_operators(p)) <= set(SKILLS[skill]) for p in members)
+    for problem in compositions:  # one operator of each skill: neither half alone solves it
+        first, second = _operators(problem)
+        assert first in SKILLS["mul"] and second in SKILLS["add"]
+        assert problem.metadata["skills"] == ["add", "mul"]
+
+
+def test_tests_agree_with_python_on_the_reference_expression() -> None:
+    for part in PARTS:
+        for problem in skills(part):
+            expression = problem.metadata["reference_solution"].strip()[len("print(") : -1]
+            for case in problem.public_tests + problem.private_tests:
+                value = eval(expression.replace("int(input())", f"({case.input})"))
+                assert case.output == str(value), problem.id
+
+
+def test_reference_solutions_pass_in_the_sandbox(sandbox, tmp_path) -> None:
+    problems = skills("held_out")
+    store = ResultStore(tmp_path / "oracle.jsonl")
+    evaluate_sampling(problems, OracleGenerator(problems), Grader(sandbox), 1, store)
+    assert summarise_sampling("oracle", list(store.rows.values())).metrics["pass@1"] == 1.0
+
+
+def test_unknown_part_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="unknown skills part 'warm_start'"):
+        skills("warm_start")
