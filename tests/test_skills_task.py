@@ -8,8 +8,9 @@ import pytest
 
 from mars2.data.skills import PARTS, SKILLS, skill_parts
 from mars2.data.sources import skills
+from mars2.eval.run import answer_key
 from mars2.eval.runner import ResultStore, evaluate_sampling, summarise_sampling
-from mars2.generation.oracle import OracleGenerator
+from mars2.generation.reference import ReferenceGenerator
 from mars2.sandbox.verdict.grader import Grader
 
 WORDS = {skill: [words for words, _, _ in ops.values()] for skill, ops in SKILLS.items()}
@@ -68,7 +69,7 @@ def test_tests_agree_with_python_on_the_reference_expression() -> None:
 def test_reference_solutions_pass_in_the_sandbox(sandbox, tmp_path) -> None:
     problems = skills("held_out")
     store = ResultStore(tmp_path / "oracle.jsonl")
-    evaluate_sampling(problems, OracleGenerator(problems), Grader(sandbox), 1, store)
+    evaluate_sampling(problems, ReferenceGenerator(answer_key(problems)), Grader(sandbox), 1, store)
     assert summarise_sampling("oracle", list(store.rows.values())).metrics["pass@1"] == 1.0
 
 
