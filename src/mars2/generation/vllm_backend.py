@@ -113,6 +113,14 @@ def _sampling(runtime: Any, config: GenerationConfig, seed: int | None = None) -
     )
 
 
+def _dispatch(generator: Any, prompts: list[list[int]]) -> list[Completion]:
+    """Generate `prompts` on the generator's own engine, or through its tensor-parallel group,
+    where every rank runs the leader's (seeded) prompts."""
+    if generator.group is not None:
+        return list(generator.group.call(generator.key, _group_request(prompts)))
+    return list(generator._generate_ids((prompts, None)))
+
+
 def _group_request(prompts: list[list[int]]) -> tuple[list[list[int]], list[int]]:
     """Prompts with one sampling seed each, for the ranks of a tensor-parallel group.
 
@@ -163,10 +171,7 @@ class VLLMGenerator:
             raise RuntimeError(
                 "the vLLM engine is asleep and holds no valid weights: sync_weights(policy) first"
             )
-        prompts = [self.encode_prompt(c) for c in chats]
-        if self.group is not None:  # every rank of the group runs its leader's (seeded) prompts
-            return list(self.group.call(self.key, _group_request(prompts)))
-        return self._generate_ids((prompts, None))
+        return _dispatch(self, [self.encode_prompt(c) for c in chats])
 
     def _generate_ids(self, request: tuple[list[list[int]], list[int] | None]) -> list[Completion]:
         prompts, seeds = request
@@ -299,10 +304,7 @@ class SharedBaseLoRAGenerator:
             raise RuntimeError(
                 "call sync_weights(policy) once before generating: the adapter is not loaded yet"
             )
-        prompts = [self.encode_prompt(c) for c in chats]
-        if self.group is not None:  # every rank of the group runs its leader's (seeded) prompts
-            return list(self.group.call(self.key, _group_request(prompts)))
-        return self._generate_ids((prompts, None))
+        return _dispatch(self, [self.encode_prompt(c) for c in chats])
 
     def _generate_ids(self, request: tuple[list[list[int]], list[int] | None]) -> list[Completion]:
         prompts, seeds = request
