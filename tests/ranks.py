@@ -17,11 +17,15 @@ def _entry(rank: int, port: int, main: Callable[..., None], args: tuple[Any, ...
         dist.destroy_process_group()
 
 
+def free_port() -> int:
+    """A TCP port free on this machine now, for a process group's rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def on_two_gloo_ranks(main: Callable[..., None], *args: Any) -> None:
     """`main(rank, *args)` on ranks 0 and 1 of a gloo process group (a module-level function)."""
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_entry, args=(port, main, args), nprocs=2, join=True)
+    mp.spawn(_entry, args=(free_port(), main, args), nprocs=2, join=True)

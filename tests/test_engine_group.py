@@ -9,7 +9,6 @@ must fail loudly. The engines are recording stand-ins (the real ones: tests/test
 from __future__ import annotations
 
 import os
-import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import torch.multiprocessing as mp
 
 from mars2.generation.engine_group import EngineGroup
 from mars2.training.rollout import RolloutEngine, StepData
+from tests.ranks import free_port
 
 WORLD, SIZE = 4, 2
 
@@ -84,15 +84,9 @@ def _worker(rank: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_followers_replay_their_leaders_calls_and_get_a_share(tmp_path: Path) -> None:
     out = str(tmp_path / "rank")
-    mp.spawn(_worker, args=(_free_port(), out), nprocs=WORLD)
+    mp.spawn(_worker, args=(free_port(), out), nprocs=WORLD)
     results = [torch.load(f"{out}.{r}", weights_only=False) for r in range(WORLD)]
     assert [r["leader"] for r in results] == [True, False, True, False]
     assert [r["index"] for r in results] == [0, 0, 1, 1]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +27,7 @@ from mars2.search.tree import Node
 from mars2.training.agent_module import AgentModule, GenerationConfig, OptimConfig, optimise_agent
 from mars2.training.batching import micro_batches
 from mars2.training.losses import LossConfig
+from tests.ranks import free_port
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -130,15 +130,9 @@ def _worker(rank: int, port: int, tiny: str, out: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_sharded_team_step_equals_the_unsharded_step(tmp_path: Path, tiny_models_dir: Path) -> None:
     out = tmp_path / "sharded.pt"
-    mp.spawn(_worker, args=(_free_port(), str(tiny_models_dir), str(out)), nprocs=2)
+    mp.spawn(_worker, args=(free_port(), str(tiny_models_dir), str(out)), nprocs=2)
     sharded = torch.load(out, weights_only=False)
     for name, lora in CASES:
         agent = make_agent(tiny_models_dir, name, lora)
