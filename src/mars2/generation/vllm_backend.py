@@ -113,14 +113,6 @@ def _sampling(runtime: Any, config: GenerationConfig, seed: int | None = None) -
     )
 
 
-def _dispatch(generator: Any, prompts: list[list[int]]) -> list[Completion]:
-    """Generate `prompts` on the generator's own engine, or through its tensor-parallel group,
-    where every rank runs the leader's (seeded) prompts."""
-    if generator.group is not None:
-        return list(generator.group.call(generator.key, _group_request(prompts)))
-    return list(generator._generate_ids((prompts, None)))
-
-
 def _group_request(prompts: list[list[int]]) -> tuple[list[list[int]], list[int]]:
     """Prompts with one sampling seed each, for the ranks of a tensor-parallel group.
 
@@ -140,7 +132,30 @@ def _params(runtime: Any, config: GenerationConfig, default: Any, seeds: list[in
     return default if seeds is None else [_sampling(runtime, config, s) for s in seeds]
 
 
-class VLLMGenerator:
+class _EngineRequests:
+    """What both vLLM generators share: prompt encoding, and where a batch of prompts runs (the
+    generator's own engine, or its tensor-parallel group, whose ranks all run the leader's seeded
+    prompts)."""
+
+    tokenizer: Any
+    max_prompt_tokens: int | None
+    group: EngineGroup | None
+    key: str
+
+    def encode_prompt(self, chat: Messages) -> list[int]:
+        return encode_prompt(self.tokenizer, chat, self.max_prompt_tokens)
+
+    def _generate_batch(self, chats: Sequence[Messages]) -> list[Completion]:
+        prompts = [self.encode_prompt(c) for c in chats]
+        if self.group is not None:
+            return list(self.group.call(self.key, _group_request(prompts)))
+        return self._generate_ids((prompts, None))
+
+    def _generate_ids(self, request: tuple[list[list[int]], list[int] | None]) -> list[Completion]:
+        raise NotImplementedError
+
+
+class VLLMGenerator(_EngineRequests):
     """One agent's own engine; `sync_weights(policy)` reloads the trainer's weights into it.
 
     With sleep mode the engine sleeps after each generation (level 2 discards its weights and KV
@@ -163,15 +178,12 @@ class VLLMGenerator:
         if group is not None:
             group.register(key, self._generate_ids)
 
-    def encode_prompt(self, chat: Messages) -> list[int]:
-        return encode_prompt(self.tokenizer, chat, self.max_prompt_tokens)
-
     def generate(self, chats: Sequence[Messages]) -> list[Completion]:
         if self.asleep:
             raise RuntimeError(
                 "the vLLM engine is asleep and holds no valid weights: sync_weights(policy) first"
             )
-        return _dispatch(self, [self.encode_prompt(c) for c in chats])
+        return self._generate_batch(chats)
 
     def _generate_ids(self, request: tuple[list[list[int]], list[int] | None]) -> list[Completion]:
         prompts, seeds = request
@@ -259,7 +271,7 @@ def adapter_state(policy: Any) -> dict[str, Any]:
     return {name: _whole(t) for name, t in policy.state_dict().items() if "lora_" in name}
 
 
-class SharedBaseLoRAGenerator:
+class SharedBaseLoRAGenerator(_EngineRequests):
     """LoRA agents on one base share one engine (built with ``enable_lora``), each with its adapter.
 
     `sync_weights` saves the agent's current adapter under `adapter_dir` and switches to a fresh
@@ -296,15 +308,12 @@ class SharedBaseLoRAGenerator:
         if group is not None:
             group.register(key, self._generate_ids)
 
-    def encode_prompt(self, chat: Messages) -> list[int]:
-        return encode_prompt(self.tokenizer, chat, self.max_prompt_tokens)
-
     def generate(self, chats: Sequence[Messages]) -> list[Completion]:
         if self._request is None:
             raise RuntimeError(
                 "call sync_weights(policy) once before generating: the adapter is not loaded yet"
             )
-        return _dispatch(self, [self.encode_prompt(c) for c in chats])
+        return self._generate_batch(chats)
 
     def _generate_ids(self, request: tuple[list[list[int]], list[int] | None]) -> list[Completion]:
         prompts, seeds = request
