@@ -1,9 +1,9 @@
 """Does the team beat one agent? The CPU learning suite (offline, deterministic per seed).
 
 Task (``mars2.data.skills``, fixed before any team result; see the README's "Does it learn?"):
-two-skill arithmetic. tiny_qwen3 is warm-started on the ``add`` skill (+ -) only, tiny_llama on
-the ``mul`` skill (* //) only; RL training and held-out problems mix both skills and compositions
-that need both. Every warm start (once per seed) runs
+two-skill arithmetic. tiny_qwen3 is warm-started on the ``add`` skill (+ -), tiny_llama on the
+``mul`` skill (* //), each with a glimpse (two problems per operator) of the other; RL training
+and held-out problems mix both skills and compositions that need both. Every warm start (once per seed) runs
 until the agent solves ``--warm-pass`` of its skill's check problems, the same skill for both
 agents (the same loss leaves them at very different skill); every method starts from those weights.
 
@@ -508,7 +508,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--seeds", type=int, default=5, help="repeat for seed..seed+N-1")
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--problems-per-step", type=int, default=4)
+    parser.add_argument("--problems-per-step", type=int, default=8)
     parser.add_argument("--nodes", type=int, default=8,
                         help="completions per problem per step, every method")  # fmt: skip
     parser.add_argument("--eval-every", type=int, default=8)
@@ -521,7 +521,7 @@ def main() -> None:
     parser.add_argument("--check-below-loss", type=float, default=0.2,
                         help="checks start once the warm-start loss is at most this")  # fmt: skip
     parser.add_argument("--warm-max-epochs", type=int, default=200)
-    parser.add_argument("--temperature", type=float, default=0.8)
+    parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (one core each)")

@@ -11,10 +11,12 @@ skill or both. The ``add`` skill is the operators + and -, the ``mul`` skill * a
 Statements name the operators in words ("n times 37 plus 5"), so an agent cannot solve a skill by
 copying a symbol from the statement: it has to have learnt which program each word asks for.
 
-Each agent's warm start holds one skill only (its single- and two-operator problems), so it starts
-able on its half and unable on the other half and on compositions: the words of the other skill
-were never in its inputs, nor its operators in its outputs. RL training and held-out problems mix
-both halves and the compositions. All parts are disjoint: no problem of one part is in another.
+Each agent's warm start is built on one skill (its single- and two-operator problems) plus a
+glimpse of the other: ``OTHER_WARM`` single-operator problems per operator of the other skill
+(shared by both warm starts, in no other part). So it starts able on its half, weak but not at
+zero on the other half (something RL alone can raise), and unable on compositions (no warm start
+holds an operator of each skill in one program). RL training and held-out problems mix both halves
+and the compositions. Warm starts, their checks, training and held out are disjoint.
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ MAX_K = 99
 # to the check that ends it, and to the held-out part; the rest are RL training problems.
 WARM, CHECK, HELD_SINGLE = 30, 8, 12
 WITHIN_WARM = 4  # warm-start two-operator problems per within-skill operator pair
+# Per operator, how many of its warm-start problems also go to the other skill's warm start. At 0
+# the other half stays at pass@1 0 for an agent alone whatever RL does (nothing to sample), and
+# only 38% of the training problems carry any signal: neither agent learnt alone (README).
+OTHER_WARM = 2
 COMPOSITIONS_TRAIN, COMPOSITIONS_HELD = 16, 3  # per (mul, add) operator pair (4 pairs)
 INPUT_RANGE = (-100_000, 100_000)  # wide enough that n // a differs for a and a + 1
 
@@ -125,6 +131,11 @@ def skill_parts(
                                        "train"), itertools.pairwise(cuts), strict=True):  # fmt: skip
                 for k in ks[lo:hi]:
                     add(part, ((symbol, k),), skill)
+            other = next(name for name in SKILLS if name != skill)
+            for k in ks[:OTHER_WARM]:  # already in this skill's warm start, in no other part
+                parts[f"warm_start_{other}"].append(
+                    _problem(((symbol, k),), skill, seed, num_public, num_private)
+                )
         for op1, op2 in itertools.product(ops, repeat=2):
             for _ in range(WITHIN_WARM):
                 add(f"warm_start_{skill}", fresh_pair(op1, op2), skill)
