@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
 
-from mars2.data.skills import PARTS, SKILLS, skill_parts
+from mars2.data.skills import OTHER_WARM, PARTS, SKILLS, skill_parts
 from mars2.data.sources import skills
 from mars2.eval.run import answer_key
 from mars2.eval.runner import ResultStore, evaluate_sampling, summarise_sampling
@@ -23,24 +24,41 @@ def _operators(problem) -> list[str]:
 
 def test_parts_are_disjoint_and_deterministic() -> None:
     parts = skill_parts()
-    ids = [p.id for part in PARTS for p in parts[part]]
+    ids = {part: {p.id for p in parts[part]} for part in PARTS}
+    for first, second in itertools.combinations(PARTS, 2):
+        shared = ids[first] & ids[second]
+        if {first, second} == {"warm_start_add", "warm_start_mul"}:
+            # Only the glimpses: OTHER_WARM single-operator problems per operator.
+            assert len(shared) == OTHER_WARM * sum(len(ops) for ops in SKILLS.values())
+        else:
+            assert not shared, (first, second)
     statements = [p.statement for part in PARTS for p in parts[part]]
-    assert len(ids) == len(set(ids)) and len(statements) == len(set(statements))
+    assert len({p.id for part in PARTS for p in parts[part]}) == len(set(statements))
     assert skill_parts() == parts
     assert skill_parts(seed=1)["held_out"] != parts["held_out"]
 
 
-def test_warm_starts_hold_one_skill_each() -> None:
+def test_warm_starts_are_complementary() -> None:
     parts = skill_parts()
     for skill, other in (("add", "mul"), ("mul", "add")):
-        for part in (f"warm_start_{skill}", f"warm_check_{skill}"):
-            problems = parts[part]
-            assert problems and {p.metadata["group"] for p in problems} == {skill}
-            assert all(op in SKILLS[skill] for p in problems for op in _operators(p))
-            # The other skill's words never reach this agent's inputs.
-            assert not any(w in p.statement for p in problems for w in WORDS[other])
+        warm = parts[f"warm_start_{skill}"]
+        own = [p for p in warm if p.metadata["group"] == skill]
+        glimpse = [p for p in warm if p.metadata["group"] != skill]
+        # The other skill: OTHER_WARM single-operator problems per operator, no more.
+        assert sorted(op for p in glimpse for op in _operators(p)) == sorted(
+            op for op in SKILLS[other] for _ in range(OTHER_WARM)
+        )
+        assert {p.metadata["group"] for p in glimpse} == {other}
+        assert len(own) > 10 * len(glimpse)
+        assert all(op in SKILLS[skill] for p in own for op in _operators(p))
+        # No warm start holds an operator of each skill in one program (a composition).
+        assert all(len(p.metadata["skills"]) == 1 for p in warm)
+        # The check that ends a warm start measures its own skill only.
+        checks = parts[f"warm_check_{skill}"]
+        assert checks and {p.metadata["group"] for p in checks} == {skill}
+        assert not any(w in p.statement for p in checks for w in WORDS[other])
         # Two-operator problems teach the program shape compositions need.
-        assert any(len(_operators(p)) == 2 for p in parts[f"warm_start_{skill}"])
+        assert any(len(_operators(p)) == 2 for p in own)
 
 
 @pytest.mark.parametrize("part", ["train", "held_out"])

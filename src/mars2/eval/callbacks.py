@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ from mars2.search.runner import SearchConfig
 from mars2.search.tree import load_trees
 from mars2.training.callback import log_artifact, run_datamodule
 from mars2.training.members import team_members
+from mars2.utils.atomic import atomic_write_text
 
 
 class TreeViewsCallback(pl.Callback):
@@ -57,16 +59,30 @@ class HeldOutEvalCallback(pl.Callback):
     methods started from one warm start share their step-0 value exactly and differences between
     evaluations come from the weights, not from sampling luck. Training sampling is unaffected
     (each rollout step seeds its own sampling).
+
+    `start_cache` (with `seed`), a folder: each agent's step-0 result is kept there
+    (``heldout_step0_<agent>.json``) and reused by a later run instead of evaluated again. Only
+    for runs whose agents all start from the weights that folder belongs to, with the same
+    problems, samples, generation and grading settings (the learning suite: one folder per warm
+    start, shared by every method).
     """
 
     def __init__(
-        self, problems: Any, every: int = 5, samples: int = 2, seed: int | None = None
+        self,
+        problems: Any,
+        every: int = 5,
+        samples: int = 2,
+        seed: int | None = None,
+        start_cache: str | Path | None = None,
     ) -> None:
         super().__init__()
+        if start_cache is not None and seed is None:
+            raise ValueError("start_cache needs a seed: unseeded evaluations differ run to run")
         self.problems = list(problems)
         self.every = every
         self.samples = samples
         self.seed = seed
+        self.start_cache = None if start_cache is None else Path(start_cache)
         self.history: list[tuple[int, str, float]] = []
         self.groups: list[tuple[int, str, dict[str, float]]] = []
         self.cpu_seconds = 0.0  # this process's CPU time spent evaluating (grading runs elsewhere)
@@ -75,19 +91,26 @@ class HeldOutEvalCallback(pl.Callback):
         began = time.process_time()
         grader = run_datamodule(trainer).engine.grader
         for name, agent in team_members(pl_module).items():
-            agent.generator.catch_up()
-            with tempfile.TemporaryDirectory() as tmp:
-                store = ResultStore(f"{tmp}/heldout.jsonl")
-                evaluate_sampling(self.problems, agent.generator, grader, self.samples, store,
-                                  seed=self.seed, stream=f"heldout/{name}")  # fmt: skip
-                summary = summarise_sampling(name, list(store.rows.values()))
-            score = summary.metrics["pass@1"]
+            cached = None
+            if step == 0 and self.start_cache is not None:
+                cached = self.start_cache / f"heldout_step0_{name}.json"
+            if cached is not None and cached.is_file():
+                score, groups = json.loads(cached.read_text())
+            else:
+                agent.generator.catch_up()
+                with tempfile.TemporaryDirectory() as tmp:
+                    store = ResultStore(f"{tmp}/heldout.jsonl")
+                    evaluate_sampling(self.problems, agent.generator, grader, self.samples, store,
+                                      seed=self.seed, stream=f"heldout/{name}")  # fmt: skip
+                    summary = summarise_sampling(name, list(store.rows.values()))
+                score = summary.metrics["pass@1"]
+                groups = {key.removeprefix("difficulty="): value["pass@1"]
+                          for key, value in summary.breakdown.items()
+                          if key.startswith("difficulty=")}  # fmt: skip
+                if cached is not None:
+                    atomic_write_text(cached, json.dumps([score, groups]))
             self.history.append((step, name, score))
-            self.groups.append(
-                (step, name, {key.removeprefix("difficulty="): value["pass@1"]
-                              for key, value in summary.breakdown.items()
-                              if key.startswith("difficulty=")})
-            )  # fmt: skip
+            self.groups.append((step, name, groups))
             if trainer.logger:
                 trainer.logger.log_metrics({f"heldout/{name}/pass@1": score}, step=step)
         self.cpu_seconds += time.process_time() - began

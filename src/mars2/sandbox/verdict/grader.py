@@ -82,6 +82,7 @@ class Grader:
         per_test_timeout: float | None = None,
         reward_tests: RewardTests = "all",
         profile: str | None = None,
+        dedupe: bool = False,
     ) -> None:
         if reward not in ("binary", "pass_rate"):
             raise ValueError(f"unknown reward kind {reward!r}: use 'binary' or 'pass_rate'")
@@ -95,6 +96,10 @@ class Grader:
         self.per_test_timeout = per_test_timeout
         self.reward_tests: RewardTests = reward_tests
         self.profile = profile
+        # Identical code for one problem in one batch runs once and every copy gets its verdict:
+        # the same verdicts for deterministic programs, far fewer runs once a policy sharpens.
+        # Off by default: a program whose verdict varies (randomness, timing) is run once only.
+        self.dedupe = dedupe
 
     def _with_tests(self, reward_tests: RewardTests) -> Grader:
         return Grader(
@@ -104,6 +109,7 @@ class Grader:
             self.per_test_timeout,
             reward_tests,
             self.profile,
+            self.dedupe,
         )
 
     def public_view(self) -> Grader:
@@ -171,10 +177,15 @@ class Grader:
         problem without private tests) and rewards on them.
         """
         jobs: list[Job] = []
-        slots: list[int] = []
+        runs: dict[tuple[int, str], int] = {}  # (problem, code) -> its job (dedupe)
+        job_of: dict[int, int] = {}  # item -> job
         for index, (problem, code) in enumerate(items):
             if code is None:
                 continue
+            if self.dedupe and (id(problem), code) in runs:
+                job_of[index] = runs[(id(problem), code)]
+                continue
+            runs[(id(problem), code)] = job_of[index] = len(jobs)
             public, private, _ = self._split(problem, with_public)
             tests = list(public) + list(private)
             profile = profile_of(problem, self.profile)
@@ -190,11 +201,11 @@ class Grader:
                     profile=profile,
                 )
             )
-            slots.append(index)
         results = self._run_with_retry(jobs)
         grades = [Grade(code=None, passed=False) for _ in items]
-        for slot, result in zip(slots, results, strict=True):
+        for slot, job in job_of.items():
             problem, code = items[slot]
+            result = results[job]
             public, private, public_counts = self._split(problem, with_public)
             public_part = result.tests[: len(public)]
             private_part = result.tests[len(public) :]
