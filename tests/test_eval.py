@@ -409,6 +409,30 @@ def test_held_out_callback_reports_groups_and_seeded_repeats(sandbox) -> None:
     assert 0.0 < seeded.history[0][2] < share  # the coin is right on about half of "add"
 
 
+class _MustNotSample(_OneSkill):
+    def generate(self, chats):
+        raise AssertionError("sampled although the step-0 result was cached")
+
+
+def test_held_out_callback_reuses_a_cached_step_zero(sandbox, tmp_path) -> None:
+    from mars2.eval.callbacks import HeldOutEvalCallback
+
+    problems = _skill_sample()
+    trainer, team = _stand_ins(Grader(sandbox), {"coin": _Coin(problems, "add")})
+    first = HeldOutEvalCallback(problems, samples=2, seed=7, start_cache=tmp_path)
+    first._evaluate(trainer, team, 0)
+    assert (tmp_path / "heldout_step0_coin.json").is_file()
+    # A later run from the same start reads the result instead of sampling, exactly.
+    trainer, team = _stand_ins(Grader(sandbox), {"coin": _MustNotSample(problems, "add")})
+    second = HeldOutEvalCallback(problems, samples=2, seed=7, start_cache=tmp_path)
+    second._evaluate(trainer, team, 0)
+    assert second.history == first.history and second.groups == first.groups
+    with pytest.raises(AssertionError, match="sampled"):  # only step 0 is kept
+        second._evaluate(trainer, team, 5)
+    with pytest.raises(ValueError, match="needs a seed"):
+        HeldOutEvalCallback(problems, start_cache=tmp_path)
+
+
 def test_tree_callback_scores_each_agent_and_the_team(sandbox) -> None:
     from mars2.eval.callbacks import TreeEvalCallback
 

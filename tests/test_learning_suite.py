@@ -53,7 +53,7 @@ def test_summary_has_the_issues_shape_and_known_intervals(suite) -> None:
     names = set(summary["methods"])
     assert {f"vanilla GRPO ({a})" for a in ("tiny_qwen3", "tiny_llama")} <= names
     teams = [m.name for m in suite.METHODS if m.is_team]
-    assert len(teams) == 6 and all("pair" in name for name in teams)
+    assert len(teams) == 5 and all("pair" in name for name in teams)
     for agents in summary["methods"].values():
         for entry in agents.values():
             assert set(entry) == {"gain_mean", "gain_ci95", "final_mean", "final_ci95"}

@@ -483,6 +483,18 @@ def test_out_of_range_settings_are_refused(tmp_path: Path, override: str, named:
     assert named in _one_paragraph(caught.value)
 
 
+def test_pipelined_driver_refuses_tensor_parallel_vllm_before_models_load(tmp_path: Path) -> None:
+    tensor_parallel = ("agents.tiny_llama.generation.backend=vllm",
+                       "+agents.tiny_llama.generation.vllm={tensor_parallel_size: 2}")  # fmt: skip
+    cfg = _compose("train", tmp_path, "search.config.driver=pipelined", *tensor_parallel)
+    with pytest.raises(ConfigError) as caught:
+        validate_train_config(cfg)
+    text = _one_paragraph(caught.value)
+    assert "'tiny_llama'" in text and "tensor_parallel_size=2" in text
+    assert "search.config.driver=rounds" in text
+    validate_train_config(_compose("train", tmp_path, *tensor_parallel))  # the rounds driver: fine
+
+
 def test_ranges_are_stated_once_in_the_dataclasses() -> None:
     """validation.py builds the settings dataclasses instead of restating their ranges."""
     source = (REPO / "src/mars2/utils/validation.py").read_text()

@@ -3,6 +3,7 @@ verdicts never pass."""
 
 from __future__ import annotations
 
+import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -67,6 +68,36 @@ def test_grader_feedback_and_rewards(sandbox: LocalSandbox) -> None:
     tests = problem.public_tests + problem.private_tests
     expected = sum(int(t.input.split()[0]) > 0 or int(t.output) == 0 for t in tests) / len(tests)
     assert rate.reward == pytest.approx(expected)
+
+
+class _Counting:
+    """The sandbox, counting the jobs of each batch."""
+
+    def __init__(self, inner: Sandbox) -> None:
+        self.inner, self.batches = inner, []
+
+    def run_batch(self, jobs):
+        self.batches.append(len(jobs))
+        return self.inner.run_batch(jobs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def test_dedupe_runs_identical_answers_once_with_the_same_grades(sandbox: LocalSandbox) -> None:
+    problem, other = (next(p for p in toy_problems() if p.id == i) for i in ("toy/sum", "toy/diff"))
+    right = f"```python\n{problem.metadata['reference_solution']}```"
+    wrong = "```python\nprint(0)\n```"
+    items = [(problem, right), (problem, wrong), (problem, right), (other, wrong),
+             (problem, wrong), (problem, "no code")]  # fmt: skip
+    each, once = _Counting(sandbox), _Counting(sandbox)
+    plain = Grader(each).grade(items)
+    deduped = Grader(once, dedupe=True).grade(items)
+    assert each.batches == [5] and once.batches == [3]  # one job per (problem, code)
+    assert [dataclasses.asdict(g) for g in deduped] == [dataclasses.asdict(g) for g in plain]
+    assert [g.reward for g in deduped] == [1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+    assert deduped[0] is not deduped[2]  # copies, not one shared record
+    assert Grader(once, dedupe=True).public_view().dedupe
 
 
 def test_every_toy_reference_solution_passes(sandbox: LocalSandbox) -> None:

@@ -19,6 +19,7 @@ from mars2.generation.config import GenerationConfig
 from mars2.generation.engines import EnginePool
 from mars2.generation.prompt import encode_prompt
 from mars2.generation.reference import AnswerKey, ReferenceGenerator
+from mars2.utils.validation import streaming_tensor_parallel_error
 
 
 class GenerationSource(Protocol):
@@ -195,12 +196,7 @@ def _backend(source: GenerationSource, cfg: GenerationConfig, pool: EnginePool |
     world = _world_size()
     tp = int((cfg.vllm or {}).get("tensor_parallel_size") or 1)
     if streaming and tp > 1:
-        raise ValueError(
-            f"agent {source.name!r}: generation.vllm.tensor_parallel_size={tp} needs the rounds "
-            "driver: the pipelined driver streams from one engine per rank, while a tensor-parallel "
-            "group's ranks must submit the same requests in the same order. Set "
-            "search.config.driver=rounds, or tensor_parallel_size=1"
-        )
+        raise ValueError(streaming_tensor_parallel_error(source.name, tp))
     if cfg.shared_base:
         key = _base_key(source)
         group = shared[key]

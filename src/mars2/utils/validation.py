@@ -194,10 +194,32 @@ def check_run_settings(cfg: DictConfig) -> None:
             raise ConfigError(f"{key}={value} is out of range: it must be an integer >= 1.")
 
 
+def streaming_tensor_parallel_error(agent: str, tensor_parallel_size: int) -> str:
+    """Why the pipelined driver refuses an agent's tensor-parallel vLLM engine."""
+    return (
+        f"agent {agent!r}: generation.vllm.tensor_parallel_size={tensor_parallel_size} needs the "
+        "rounds driver: the pipelined driver streams from one engine per rank, while a "
+        "tensor-parallel group's ranks must submit the same requests in the same order. Set "
+        "search.config.driver=rounds, or tensor_parallel_size=1."
+    )
+
+
+def check_pipelined_generation(cfg: DictConfig) -> None:
+    """The pipelined driver takes no tensor-parallel vLLM engine (refused before models load)."""
+    if OmegaConf.select(cfg, "search.config.driver", default="rounds") != "pipelined":
+        return
+    for name, agent in (cfg.get("agents") or {}).items():
+        generation = agent.get("generation") or {}
+        tp = int((generation.get("vllm") or {}).get("tensor_parallel_size") or 1)
+        if generation.get("backend") == "vllm" and tp > 1:
+            raise ConfigError(streaming_tensor_parallel_error(str(name), tp))
+
+
 def validate_train_config(cfg: DictConfig) -> None:
     """Everything a training run can check before it loads a model (the problem sets load here)."""
     check_blocks(cfg, "train")
     check_run_settings(cfg)
+    check_pipelined_generation(cfg)
     problems = load_problem_set(cfg, "train")
     schedule = (cfg.get("rollout") or {}).get("schedule")
     if schedule is not None:
