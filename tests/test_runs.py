@@ -204,8 +204,12 @@ def test_ctrl_c_before_the_first_checkpoint_then_resume_continues_that_run(
         "agents.tiny_qwen3.generation.max_new_tokens=12",
         "agents.tiny_llama.generation.max_new_tokens=12",
     ]  # fmt: skip
+    # A terminal's Ctrl-C: the child's SIGINT at its default even where this process ignores it
+    # (a background job of a non-interactive shell, `cmd &`, starts with SIGINT ignored, and an
+    # ignored signal is inherited: Python would then never raise KeyboardInterrupt).
     first = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     runs_root = logs / "train" / "runs" / "tiny_pair"
     deadline = time.monotonic() + 400
     try:
