@@ -249,7 +249,6 @@ def run_job(
     step0 = Path(models) / f"heldout_step0_{_digest(s)}"
     curves = HeldOutEvalCallback(held_out, s["eval_every"], s["eval_samples"], seed=seed,
                                  start_cache=step0)  # fmt: skip
-    step0.mkdir(exist_ok=True)
     trees = TreeEvalCallback(held_out, SearchConfig(max_nodes=s["eval_nodes"]), seed=seed)
     trainer.callbacks.extend([curves, trees])
     wall, cpu = time.perf_counter(), time.process_time()

@@ -419,12 +419,12 @@ def test_held_out_callback_reuses_a_cached_step_zero(sandbox, tmp_path) -> None:
 
     problems = _skill_sample()
     trainer, team = _stand_ins(Grader(sandbox), {"coin": _Coin(problems, "add")})
-    first = HeldOutEvalCallback(problems, samples=2, seed=7, start_cache=tmp_path)
+    first = HeldOutEvalCallback(problems, samples=2, seed=7, start_cache=tmp_path / "start")
     first._evaluate(trainer, team, 0)
-    assert (tmp_path / "heldout_step0_coin.json").is_file()
+    assert (tmp_path / "start" / "heldout_step0_coin.json").is_file()  # the folder is made
     # A later run from the same start reads the result instead of sampling, exactly.
     trainer, team = _stand_ins(Grader(sandbox), {"coin": _MustNotSample(problems, "add")})
-    second = HeldOutEvalCallback(problems, samples=2, seed=7, start_cache=tmp_path)
+    second = HeldOutEvalCallback(problems, samples=2, seed=7, start_cache=tmp_path / "start")
     second._evaluate(trainer, team, 0)
     assert second.history == first.history and second.groups == first.groups
     with pytest.raises(AssertionError, match="sampled"):  # only step 0 is kept

@@ -108,6 +108,7 @@ class HeldOutEvalCallback(pl.Callback):
                           for key, value in summary.breakdown.items()
                           if key.startswith("difficulty=")}  # fmt: skip
                 if cached is not None:
+                    cached.parent.mkdir(parents=True, exist_ok=True)
                     atomic_write_text(cached, json.dumps([score, groups]))
             self.history.append((step, name, score))
             self.groups.append((step, name, groups))
