@@ -77,6 +77,32 @@ def test_k3_kl_and_beta_term() -> None:
         policy_loss(LP, OLD, ADV, MASK, LossConfig(beta=0.5))
 
 
+def test_k3_kl_masked_outlier_cannot_turn_the_loss_nan() -> None:
+    # A masked (padding) position where the reference is 100 nats above the policy: exp(100) = inf
+    # in fp32, and inf * 0 = NaN if the mask is applied after exp (the bug this guards).
+    ref = LP.clone()
+    ref[0, 2] = LP[0, 2] + 100.0  # MASK[0, 2] == 0
+    lp = LP.clone().requires_grad_(True)
+    loss, metrics = policy_loss(lp, OLD, ADV, MASK, LossConfig(beta=0.5), ref_logprobs=ref)
+    assert torch.isfinite(loss) and torch.isfinite(metrics["kl"])
+    loss.backward()
+    assert lp.grad is not None and torch.isfinite(lp.grad).all()
+    assert float(metrics["kl"]) == pytest.approx(0.0, abs=1e-7)  # ref == lp on every real token
+    assert float(k3_kl(LP, ref, MASK)[0, 2]) == 0.0
+
+
+def test_k3_kl_clamps_the_log_ratio_to_its_documented_bound() -> None:
+    from mars2.training.losses import K3_LOG_RATIO_BOUND
+
+    lp = torch.zeros(1, 2)
+    ref = torch.tensor([[100.0, -100.0]])  # real tokens, far outside the bound on both sides
+    kl = k3_kl(lp, ref, torch.ones(1, 2))
+    b = K3_LOG_RATIO_BOUND
+    assert torch.isfinite(kl).all()
+    assert float(kl[0, 0]) == pytest.approx(math.exp(b) - b - 1, rel=1e-5)
+    assert float(kl[0, 1]) == pytest.approx(math.exp(-b) + b - 1, rel=1e-5)
+
+
 def test_truncated_importance_sampling_caps_the_weight() -> None:
     rollout = OLD - 5.0  # the sampler was far less likely: weight exp(5) capped at 2
     capped, _ = policy_loss(

@@ -66,9 +66,24 @@ class LossConfig:
             )
 
 
-def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
-    """Per-token k3 estimator of KL(policy || reference): exp(ref - lp) - (ref - lp) - 1."""
+# The k3 log-ratio ref - lp is clamped to [-K3_LOG_RATIO_BOUND, K3_LOG_RATIO_BOUND] before exp:
+# exp(20) ≈ 4.9e8 is finite in fp32 and bf16, and a token 20 nats off the reference is already an
+# outlier whose gradient is better lost than allowed to dominate the step (peers clamp the same term).
+K3_LOG_RATIO_BOUND = 20.0
+
+
+def k3_kl(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Per-token k3 estimator of KL(policy || reference): exp(d) - d - 1 with d = ref - lp,
+    d clamped to [-K3_LOG_RATIO_BOUND, K3_LOG_RATIO_BOUND]; 0 where `mask` is 0."""
     delta = ref_logprobs - logprobs
+    if mask is not None:
+        # Mask before exp: a padded position with d = 100 would give exp(100) = inf in fp32, and
+        # inf * 0 = NaN poisons the whole loss (and its gradient) however it is masked afterwards.
+        delta = torch.where(mask.bool(), delta, torch.zeros_like(delta))
+    # Clamp before exp too: a real token at d > 88 overflows fp32 the same way.
+    delta = delta.clamp(-K3_LOG_RATIO_BOUND, K3_LOG_RATIO_BOUND)
     return torch.exp(delta) - delta - 1.0
 
 
@@ -128,7 +143,7 @@ def policy_loss(
     if config.beta > 0:
         if ref_logprobs is None:
             raise ValueError("beta > 0 needs reference log-probs")
-        kl = k3_kl(logprobs, ref_logprobs)
+        kl = k3_kl(logprobs, ref_logprobs, mask)
         loss = loss + config.beta * _aggregate(kl, mask, config.variant, *sizes)
         metrics["kl"] = ((kl * mask).sum() / mask.sum().clamp(min=1)).detach()
     with torch.no_grad():
