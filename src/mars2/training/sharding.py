@@ -119,6 +119,67 @@ def full_state_dict(
         yield name, full() if full is not None else tensor
 
 
+# How far a rank's local bytes may sit from the plan's full / world (FSDP2 splits dim 0 in
+# ceil-sized chunks: uneven rows put a few percent more on the first ranks of a tiny model).
+SHARD_BYTES_TOLERANCE = 0.05
+
+
+def sharding_problems(model: torch.nn.Module, world_size: int, what: str) -> list[str]:
+    """What contradicts the memory plan's "divided by the world size" for `model` on this rank:
+    parameters that are not sharded DTensors, or local bytes away from full / world by more than
+    `SHARD_BYTES_TOLERANCE` (every parameter counts: the plan shards the frozen LoRA base, the
+    adapters and the references alike; see `mars2.models.memory`)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    problems: list[str] = []
+    unsharded: list[str] = []
+    full = local = 0
+    for name, p in model.named_parameters():
+        size = p.element_size()
+        full += p.numel() * size
+        if not isinstance(p, DTensor) or not any(isinstance(x, Shard) for x in p.placements):
+            unsharded.append(name)
+            local += p.numel() * size
+            continue
+        local += p.to_local().numel() * size
+    if unsharded:
+        shown = ", ".join(unsharded[:3]) + (f" (+{len(unsharded) - 3} more)" if len(unsharded) > 3 else "")  # fmt: skip
+        problems.append(f"{what}: {len(unsharded)} parameter(s) are not sharded DTensors: {shown}")
+    planned = full / max(world_size, 1)
+    if full and abs(local - planned) > SHARD_BYTES_TOLERANCE * planned:
+        problems.append(
+            f"{what}: this rank holds {local / 2**20:.2f} MiB of parameters, the plan "
+            f"{planned / 2**20:.2f} MiB (full {full / 2**20:.2f} MiB / world {world_size})"
+        )
+    return problems
+
+
+def verify_sharded(agent: Any, world_size: int) -> None:
+    """After sharding, on every rank: refuse to start when an agent's policy or reference is not
+    sharded as the memory plan assumes (an unsharded 32B LoRA base is 61 GiB per GPU, not 7.6)."""
+    problems = sharding_problems(agent.policy, world_size, f"agent {agent.name} policy")
+    for i, reference in enumerate(getattr(agent, "_reference", [])):
+        problems += sharding_problems(reference, world_size, f"agent {agent.name} reference {i}")
+    if problems:
+        raise RuntimeError(
+            "trainer=fsdp: the memory plan divides every weight, gradient and optimizer state of "
+            "a sharded agent by the world size, but after setup " + "; ".join(problems) + ". "
+            "The run stops before its first step because it would need up to world-size times "
+            "more memory per GPU than the check allowed; shard the agent with "
+            "`mars2.training.sharding.shard_model` (every decoder layer, then the root), or train "
+            "it under trainer=ddp with the memory check's replicated plan."
+        )
+
+
+def shard_agent(agent: Any, mesh: Any, world_size: int) -> None:
+    """Shard an agent's policy and references (FSDP2), then verify them against the plan."""
+    check_shardable(agent)
+    shard_model(agent.policy, mesh)
+    for reference in getattr(agent, "_reference", []):
+        shard_model(reference, mesh)
+    verify_sharded(agent, world_size)
+
+
 def _adapter_names(policy: torch.nn.Module) -> set[str]:
     return {name for name, p in policy.named_parameters() if p.requires_grad}
 
@@ -192,10 +253,7 @@ class MultiAgentFSDPStrategy(MultiAgentDDPStrategy):
         assert self.model is not None
         mesh = init_device_mesh(self.root_device.type, (self.world_size,))
         for agent in _agents(self.model).values():
-            check_shardable(agent)
-            shard_model(agent.policy, mesh)
-            for reference in getattr(agent, "_reference", []):
-                shard_model(reference, mesh)
+            shard_agent(agent, mesh, self.world_size)
             if agent.generation_config.backend == "transformers":
                 agent.policy.register_forward_pre_hook(
                     _release_before_training_forward, prepend=True
