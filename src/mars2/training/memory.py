@@ -172,6 +172,44 @@ def estimate_config(cfg: DictConfig) -> MemoryEstimate:
     return estimate(plans, cluster)
 
 
+# The trainer config key naming PYTORCH_CUDA_ALLOC_CONF (not a Lightning Trainer argument).
+ALLOC_CONF_KEY = "cuda_alloc_conf"
+ALLOC_CONF_ENV = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def trainer_arguments(trainer: DictConfig) -> DictConfig:
+    """The trainer config without the keys mars2 reads itself (what `lightning.Trainer` takes)."""
+    kept = OmegaConf.masked_copy(trainer, [k for k in trainer if k != ALLOC_CONF_KEY])
+    assert isinstance(kept, DictConfig)
+    return kept
+
+
+def apply_allocator_conf(cfg: DictConfig) -> str | None:
+    """Export the GPU trainer's `cuda_alloc_conf` as PYTORCH_CUDA_ALLOC_CONF, before CUDA starts.
+
+    The plan leaves 8% of each GPU (`ClusterPlan.usable_fraction`) for fragmentation; with
+    expandable segments the caching allocator grows segments in place instead of leaving
+    partly-used fixed blocks, which is what keeps fragmentation inside that reserve. vLLM's sleep
+    mode pool turns it off around its own allocations (CuMemAllocator.use_memory_pool), so the two
+    coexist. A value already in the environment wins (logged); CPU runs set nothing. Returns the
+    value in effect.
+    """
+    wanted = cfg.trainer.get(ALLOC_CONF_KEY)
+    if not wanted or str(cfg.trainer.get("accelerator", "cpu")) == "cpu":
+        return os.environ.get(ALLOC_CONF_ENV)
+    present = os.environ.get(ALLOC_CONF_ENV)
+    if present is not None and present != str(wanted):
+        log.warning("%s=%s from the environment kept (trainer.%s=%s not applied)",
+                    ALLOC_CONF_ENV, present, ALLOC_CONF_KEY, wanted)  # fmt: skip
+        return present
+    os.environ[ALLOC_CONF_ENV] = str(wanted)
+    import torch
+
+    if torch.cuda.is_initialized():  # the allocator read its settings already: too late
+        log.warning("%s set after CUDA started: it applies to child processes only", ALLOC_CONF_ENV)
+    return str(wanted)
+
+
 def check_memory(cfg: DictConfig) -> MemoryEstimate | None:
     """At start-up: log the estimate of a GPU run and refuse one that cannot fit (CPU runs pass)."""
     if str(cfg.trainer.get("accelerator", "cpu")) == "cpu" or not _settings(cfg)["check"]:

@@ -25,7 +25,7 @@ from mars2.builders import (
 )
 from mars2.training.agent_module import AgentModule
 from mars2.training.datamodule import TreeSearchDataModule
-from mars2.training.memory import check_memory
+from mars2.training.memory import apply_allocator_conf, check_memory, trainer_arguments
 from mars2.training.progress import warm_start_bar
 from mars2.training.rollout import RolloutEngine
 from mars2.training.team_module import MultiAgentModule
@@ -117,6 +117,7 @@ def build_rollout(cfg: DictConfig, grader: Any) -> RolloutEngine:
 def build_run(cfg: DictConfig) -> tuple[Any, TreeSearchDataModule, pl.Trainer, Any]:
     """(team module, datamodule, trainer, sandbox) for a training config."""
     pl.seed_everything(cfg.seed, workers=True)
+    apply_allocator_conf(cfg)  # before any model reaches a GPU (idempotent)
     agents = build_agents(cfg)
     logger = build_logger(cfg)  # after the models load: a bad model path leaves no MLflow run
     if warm_start_needed(cfg):
@@ -125,8 +126,9 @@ def build_run(cfg: DictConfig) -> tuple[Any, TreeSearchDataModule, pl.Trainer, A
     sandbox = build_sandbox(cfg)
     datamodule = TreeSearchDataModule(build_rollout(cfg, build_grader(cfg, sandbox)), cfg.steps)
     trainer = hydra.utils.instantiate(
-        cfg.trainer, callbacks=build_callbacks(cfg), logger=logger, _convert_="all"
-    )
+        trainer_arguments(cfg.trainer), callbacks=build_callbacks(cfg), logger=logger,
+        _convert_="all",
+    )  # fmt: skip
     if logger:
         logger.log_hyperparams(flat_params(cfg))
     return module, datamodule, trainer, sandbox
@@ -135,6 +137,7 @@ def build_run(cfg: DictConfig) -> tuple[Any, TreeSearchDataModule, pl.Trainer, A
 def check_train(cfg: DictConfig) -> None:
     """Everything a training run checks before it loads a model (the command line runs this
     before it creates the run folder)."""
+    apply_allocator_conf(cfg)  # PYTORCH_CUDA_ALLOC_CONF before CUDA starts (the check may start it)
     check_memory(cfg)  # refuses a GPU run that cannot fit, before anything is loaded
     validate_train_config(cfg)
 
