@@ -4,6 +4,7 @@ exits 0 on PASS, 1 on FAIL.
 python scripts/gpu_check.py train FIRST_RUN RESUMED_RUN [--device gpu]  # reward > 0, exact resume
 python scripts/gpu_check.py eval EVAL_DIR                # it loaded ckpt_path and solved something
 python scripts/gpu_check.py calibration calibration.json # every case measured and within 15%
+python scripts/gpu_check.py terms terms.json             # issue #43's terms: measured vs planned
 (`rewards RUN` and `resume FIRST RESUMED` are the two halves of `train`.)
 """
 
@@ -161,12 +162,32 @@ def calibration(path: Path, cpu: bool = False) -> tuple[bool, str]:
     return not off and not unmeasured and within > 0, summary
 
 
+def terms(path: Path) -> tuple[bool, str]:
+    """scripts/gpu_terms.py's report: each term's measured value next to the plan's; FAIL when a
+    term measured is off (ok false) or broke; terms not measurable there (ok null) are listed."""
+    report = json.loads(path.read_text())
+    parts, off = [], []
+    for record in report["terms"]:
+        state = {True: "ok", False: "OFF", None: "not measured"}[record["ok"]]
+        parts.append(
+            f"{record['term']} measured {record['measured']} vs planned {record['planned']} "
+            f"{record['unit']} ({state})"
+        )
+        if record["ok"] is False:
+            off.append(f"{record['term']}: {record['note']}")
+    summary = f"on {report.get('gpu', 'the CPU')}: " + "; ".join(parts)
+    if off:
+        summary += " | off: " + "; ".join(off)
+    return not off and bool(parts), summary
+
+
 CHECKS = {
     "train": train,
     "rewards": rewards,
     "resume": resume,
     "eval": evaluation,
     "calibration": calibration,
+    "terms": terms,
 }
 
 

@@ -17,11 +17,16 @@
 #              shapes, LoRA r=64 and full fine-tuning, 4k and 16k completion tokens, one step each:
 #              the device's peak against the estimate of mars2.training.memory, per case; the
 #              verdict asks for every case within 15%
+#   terms      scripts/gpu_terms.py: the 32B plan's assumptions of issue #43 on the device, each
+#              measured next to the plan (sharded DTensors and local bytes, the streamed sync's
+#              peak rise against the largest tensor, a finite k3 KL, the chunked bf16 head against
+#              fp64 and its peak against the plan's term, expandable_segments and fragmentation
+#              against the 8% reserve; the engines' lengths planned only: no vLLM there)
 # Outputs in $OUT (what the device tool returns, at most 8 files): gpu_check.log (the result
-# lines), setup.log, train.log, eval.log, calibrate.log, calibration.json. Run folders go to $WORK.
+# lines), setup.log, train.log, eval.log, calibrate.log, calibration.json, terms.log, terms.json. Run folders go to $WORK.
 #
 # With the device tool (a minute or two to start the machine, then at most 570 s: the steps'
-# limits, 515 s, and three verdicts of at most 15 s), from the checkout the session started in
+# limits, 520 s, and four verdicts of at most 12 s), from the checkout the session started in
 # (the tool sends that one): first, here,
 #   bash scripts/gpu_wheels.sh && bash scripts/gpu_check.sh --dry-run --python .venv/bin/python
 # then one call (.whl/ is git-ignored: it travels only because carry names it):
@@ -46,7 +51,7 @@ usage() {
   sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
   cat <<'USAGE'
 Options:
-  --steps LIST     comma-separated, of setup,train,eval,calibrate (default: all; they run in
+  --steps LIST     comma-separated, of setup,train,eval,calibrate,terms (default: all; in
                    that order, and setup always runs)
   --dry-run        check the wheels, print the commands and the calibration's predictions
   --cpu            run the steps on the CPU (a rehearsal; the calibration measures the tiny shape)
@@ -58,8 +63,8 @@ Options:
 USAGE
 }
 
-ALL_STEPS=(setup train eval calibrate)
-STEPS=setup,train,eval,calibrate
+ALL_STEPS=(setup train eval calibrate terms)
+STEPS=setup,train,eval,calibrate,terms
 DRY=0
 CPU=0
 WHEELS=.whl
@@ -91,8 +96,8 @@ done
 case ",$STEPS," in *",setup,"*) ;; *) STEPS=setup,$STEPS; SELECTED=(setup "${SELECTED[@]}") ;; esac
 selected() { case ",$STEPS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 
-# Seconds each step may take (515; train's warm start runs on the CPU, as in every mars2 run); with
-# at most 15 s for each verdict they stay under the device call's timeout_s=570.
+# Seconds each step may take (520; train's warm start runs on the CPU, as in every mars2 run); with
+# at most 12 s for each verdict they stay under the device call's timeout_s=570.
 # LIMIT_SETUP=... etc. change them. --cpu spends no device time: its defaults are generous (a
 # shared 2-core machine takes about 10 minutes for train's two warm starts).
 if [ "$CPU" = 1 ]; then
@@ -100,11 +105,13 @@ if [ "$CPU" = 1 ]; then
   LIMIT_train=${LIMIT_TRAIN:-2400}
   LIMIT_eval=${LIMIT_EVAL:-900}
   LIMIT_calibrate=${LIMIT_CALIBRATE:-600}
+  LIMIT_terms=${LIMIT_TERMS:-300}
 else
   LIMIT_setup=${LIMIT_SETUP:-45}
-  LIMIT_train=${LIMIT_TRAIN:-260}
+  LIMIT_train=${LIMIT_TRAIN:-245}
   LIMIT_eval=${LIMIT_EVAL:-60}
-  LIMIT_calibrate=${LIMIT_CALIBRATE:-150}
+  LIMIT_calibrate=${LIMIT_CALIBRATE:-135}
+  LIMIT_terms=${LIMIT_TERMS:-35}
 fi
 
 OUT=${OUT:-$(mktemp -d /tmp/mars2-gpu-check-out-XXXX)}
@@ -137,10 +144,10 @@ timed() {  # timed CMD...: runs CMD with what is left of the step's time (exit 1
   [ "$left" -le 0 ] && return 124
   timeout -k 10 "$left" "$@"
 }
-verdict() {  # verdict STEP CHECK ARGS...: one result line from scripts/gpu_check.py (15 s apart
+verdict() {  # verdict STEP CHECK ARGS...: one result line from scripts/gpu_check.py (12 s apart
   # from the step's limit, so a step that used its time still gets its verdict)
   local line
-  line=$(timeout -k 3 15 "$PY" scripts/gpu_check.py "$2" --label "$1" "${@:3}" 2>&1 | tail -1)
+  line=$(timeout -k 3 12 "$PY" scripts/gpu_check.py "$2" --label "$1" "${@:3}" 2>&1 | tail -1)
   case "$line" in
     "PASS $1: "*) show "$line" ;;
     "FAIL $1: "*) show "$line"; FAILED=$((FAILED + 1)) ;;
@@ -311,6 +318,22 @@ step_calibrate() {
   local mode=()
   [ "$CPU" = 1 ] && mode=(--cpu)
   verdict calibrate calibration "$OUT/calibration.json" "${mode[@]}"
+}
+
+# -- terms: issue #43's assumptions, measured next to the plan -----------------------------------
+
+step_terms() {
+  local args=(--out "$OUT/terms.json" --tiny "$TINY")
+  [ "$CPU" = 1 ] && args+=(--device cpu --small)
+  if [ "$DRY" = 1 ]; then
+    result DRY terms "$PY scripts/gpu_terms.py ${args[*]}; scripts/gpu_check.py terms $OUT/terms.json"
+    return 0
+  fi
+  rm -f "$OUT/terms.json"
+  [ -d "$TINY/tiny_qwen3" ] || timed "$PY" scripts/make_tiny_models.py --out "$TINY"
+  timed "$PY" scripts/gpu_terms.py "${args[@]}"
+  [ -f "$OUT/terms.json" ] || { result FAIL terms "no terms.json (terms.log)"; return 1; }
+  verdict terms terms "$OUT/terms.json"
 }
 
 for step in "${ALL_STEPS[@]}"; do

@@ -91,7 +91,7 @@ def wheels(tmp_path: Path) -> Path:
 
 def run_check(tmp_path: Path, *args: str, timeout: int = 240) -> subprocess.CompletedProcess[str]:
     # generous limits: this machine is shared and slow; the defaults are sized for the device
-    limits = {f"LIMIT_{step}": "900" for step in ("SETUP", "TRAIN", "EVAL", "CALIBRATE")}
+    limits = {f"LIMIT_{step}": "900" for step in ("SETUP", "TRAIN", "EVAL", "CALIBRATE", "TERMS")}
     env = {**os.environ, **limits, "OUT": str(tmp_path / "out")}
     env.pop("PYTHONPATH", None)
     command = ["bash", str(SCRIPT), "--python", sys.executable, "--work", str(tmp_path / "work"),
@@ -193,7 +193,7 @@ def test_dry_run_prints_each_step_and_the_predictions(tmp_path: Path, wheels: Pa
     result = run_check(tmp_path, "--dry-run", "--wheels", str(wheels))
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
-    for step in ("setup", "train", "eval", "calibrate"):
+    for step in ("setup", "train", "eval", "calibrate", "terms"):
         assert sum(x.startswith(f"DRY {step}: ") for x in lines) == 1, step
     cases = [x.strip() for x in lines if x.strip().startswith("CASE ")]
     expected = calibration.cases()
@@ -203,7 +203,7 @@ def test_dry_run_prints_each_step_and_the_predictions(tmp_path: Path, wheels: Pa
             case, calibration.write_model_dir(case.shape, tmp_path), "h200"
         )
         assert line.startswith(f"CASE {case.label}: predicted {predicted['train_peak']:.4g} GiB")
-    assert "0 of 4 step(s) failed" in result.stdout
+    assert "0 of 5 step(s) failed" in result.stdout
 
 
 # -- the calibration's prediction side ---------------------------------------------------------
@@ -431,3 +431,43 @@ def test_calibration_verdict_holds_the_estimate_to_15_percent(tmp_path: Path) ->
     ok, detail = verdict(case("a", "measured", 1.0), case("b", "out of memory: x", None))
     assert not ok and "not measured: b" in detail  # the estimate said it fits
     assert not verdict(case("a", "error: boom", None))[0]
+
+
+# -- terms: issue #43's assumptions measured next to the plan ------------------------------------
+
+
+def test_terms_step_measures_each_term_on_the_cpu(tmp_path: Path, tiny_models_dir: Path) -> None:
+    """scripts/gpu_terms.py for real, on the CPU (small head; the allocator peaks are CUDA only)."""
+    out = tmp_path / "terms.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    command = [sys.executable, str(REPO / "scripts" / "gpu_terms.py"), "--out", str(out),
+               "--tiny", str(tiny_models_dir), "--device", "cpu", "--small"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    records = {r["term"]: r for r in json.loads(out.read_text())["terms"]}
+    assert set(records) == {"sharding", "sync", "k3_kl", "logprobs", "allocator", "engines"}
+    for term in ("sharding", "sync", "k3_kl", "logprobs", "allocator"):
+        assert records[term]["ok"] is True, records[term]
+    assert records["sharding"]["measured"] == records["sharding"]["planned"]  # world 1
+    assert records["engines"]["ok"] is None  # no vLLM on the lent machine: planned only
+    assert "expandable_segments:True" in records["allocator"]["note"]
+    ok, line = verdicts.terms(out)
+    assert ok and "k3_kl measured" in line and "(not measured)" in line
+
+
+def test_terms_verdict_fails_on_a_term_off_the_plan(tmp_path: Path) -> None:
+    def record(term: str, ok: bool | None) -> dict[str, Any]:
+        return {"term": term, "planned": 1.0, "measured": 2.0, "unit": "MiB", "ok": ok,
+                "note": f"{term} note"}  # fmt: skip
+
+    path = tmp_path / "terms.json"
+    path.write_text(json.dumps({"gpu": "H200", "terms": [record("sync", True),
+                                                          record("engines", None)]}))  # fmt: skip
+    ok, line = verdicts.terms(path)
+    assert ok and line.startswith("on H200: sync measured 2.0 vs planned 1.0 MiB (ok)")
+    path.write_text(json.dumps({"gpu": "H200", "terms": [record("sharding", False)]}))
+    ok, line = verdicts.terms(path)
+    assert not ok and "off: sharding: sharding note" in line
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check.py"), "terms",
+                             str(path)], capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 1 and result.stdout.startswith("FAIL terms: on H200")
