@@ -10,13 +10,14 @@ the estimate fits, 1 when it does not or the overrides cannot be composed.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from mars2.models.memory import (
     DEFAULT_LOGPROB_CHUNK_TOKENS,
@@ -178,10 +179,12 @@ ALLOC_CONF_ENV = "PYTORCH_CUDA_ALLOC_CONF"
 
 
 def trainer_arguments(trainer: DictConfig) -> DictConfig:
-    """The trainer config without the keys mars2 reads itself (what `lightning.Trainer` takes)."""
-    kept = OmegaConf.masked_copy(trainer, [k for k in trainer if k != ALLOC_CONF_KEY])
-    assert isinstance(kept, DictConfig)
-    return kept
+    """The trainer config without the keys mars2 reads itself (what `lightning.Trainer` takes);
+    a copy under the same parent, so its interpolations (`${steps}`) still resolve."""
+    arguments = copy.copy(trainer)
+    with open_dict(arguments):
+        arguments.pop(ALLOC_CONF_KEY, None)
+    return arguments
 
 
 def apply_allocator_conf(cfg: DictConfig) -> str | None:
