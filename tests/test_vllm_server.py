@@ -169,10 +169,56 @@ def test_update_in_flight_with_mode_keep_loses_no_request(
     assert all(isinstance(r, Completion) and r.token_ids for r in results.values()), results
 
 
+def test_tiny_pair_trains_three_steps_with_both_agents_on_servers(
+    server: LaunchedServer, tiny_models_dir: Path, tmp_path: Path
+) -> None:
+    """tiny_llama on the module's server (urls), tiny_qwen3 on a server the run launches itself
+    from its config; the run stops that one at its end, and each server took every step's weights."""
+    import lightning.pytorch as pl
+    from hydra import compose, initialize_config_dir
+
+    from mars2.training.run import build_run
+
+    repo = Path(__file__).resolve().parents[1]
+    args = "{max-model-len:512,enforce-eager:true,max-num-seqs:16}"
+    with initialize_config_dir(config_dir=str(repo / "configs"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[
+            "experiment=tiny_pair", "steps=3", f"paths.output_dir={tmp_path}",
+            f"paths.tiny_models_dir={tiny_models_dir}", f"paths.log_dir={tmp_path}/logs",
+            "logger=none", "~callbacks.progress", "+trainer.enable_progress_bar=false",
+            "sandbox.num_workers=2", "warm_start.epochs=10",
+            "agents.tiny_llama.generation.backend=vllm_server",
+            f"+agents.tiny_llama.generation.server={{urls:[{server.url}],model_name:tiny_llama}}",
+            "agents.tiny_qwen3.generation.backend=vllm_server",
+            f"+agents.tiny_qwen3.generation.server={{python:{VLLM_PYTHON},args:{args},"
+            "health_timeout_s:900}",
+        ])  # fmt: skip
+    module, datamodule, trainer, sandbox = build_run(cfg)
+    steps: list[dict[str, float]] = []
+    launched: list[str] = []
+
+    class Record(pl.Callback):
+        def on_train_batch_end(self, *args: Any) -> None:
+            steps.append(dict(datamodule.last.metrics))
+            launched[:] = module.agents["tiny_qwen3"].generator.backend.endpoints.urls
+
+    trainer.callbacks.append(Record())
+    try:
+        trainer.fit(module, datamodule=datamodule)
+    finally:
+        sandbox.close()
+    assert len(steps) == 3 and sum(s["trained_samples"] for s in steps) > 0
+    info = http_json(f"{server.url}/weight_info", timeout=30)
+    assert info["weight_version"].startswith("tiny_llama-")
+    with pytest.raises(ServerError):  # the run stopped the server it launched
+        http_json(f"{launched[0]}/health", timeout=5, method="GET")
+    assert (tmp_path / "servers" / "tiny_qwen3.log").stat().st_size > 0
+
+
 def test_a_server_that_dies_fails_its_pending_requests_with_its_log_tail(
     server: LaunchedServer, tiny_models_dir: Path
 ) -> None:  # the module's last test: it kills the shared server
-    agent = _agent(tiny_models_dir, server.url, frozen=True)
+    agent = _agent(tiny_models_dir, server.url, tokens=256, frozen=True)
     with EnginePool() as pool:
         generator = build_generators({"a": agent}, pool)["a"]
         generator.backend._describe = lambda url: server.describe()
@@ -180,13 +226,15 @@ def test_a_server_that_dies_fails_its_pending_requests_with_its_log_tail(
 
         def run() -> None:
             try:
-                generator.generate(CHATS * 8)
+                generator.generate(CHATS * 16)
             except ServerError as err:
                 errors.append(err)
 
         thread = threading.Thread(target=run)
         thread.start()
-        time.sleep(0.3)
+        while generator.backend.endpoints.in_flight() == 0:
+            time.sleep(0.05)
+        time.sleep(0.5)  # the server is generating
         os.killpg(server.pid, signal.SIGKILL)
         thread.join(120)
     assert errors and "last lines of the log" in str(errors[0])

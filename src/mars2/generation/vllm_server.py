@@ -101,9 +101,27 @@ def check_server_config(name: str, server: dict[str, Any] | None) -> dict[str, A
 
 
 def _interpreter(server: dict[str, Any]) -> str:
+    """The server's python: ``python``, else ``venv``'s, else this one when it has vLLM, else the
+    checkout's ``.venv-vllm`` (what `make test-vllm` builds)."""
+    if server.get("python"):
+        return str(server["python"])
     if server.get("venv"):
         return str(Path(server["venv"]) / "bin" / "python")
-    return str(server.get("python") or sys.executable)
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    import mars2
+
+    checkout = Path(mars2.__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+    if checkout.exists():
+        return str(checkout)
+    raise ValueError(
+        "generation.backend=vllm_server launches a vLLM server but vLLM is not installed here and "
+        "the checkout has no .venv-vllm: set generation.server.venv (or .python) to an "
+        "interpreter with vLLM (`make test-vllm` builds .venv-vllm), or point "
+        "generation.server.urls at running servers"
+    )
 
 
 def _flags(args: dict[str, Any]) -> list[str]:
