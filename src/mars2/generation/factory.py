@@ -231,6 +231,13 @@ def _server_backend(
     from mars2.generation.vllm_server import VLLMServerGenerator, check_server_config, launch_server
 
     server = check_server_config(source.name, cfg.server)
+    if cfg.top_p < 1 and not server.get("frozen"):
+        raise ValueError(
+            f"agent {source.name!r}: top_p={cfg.top_p} on vLLM servers: the server's log-probs are "
+            "renormalised over the kept tokens, which biases the importance ratio against the "
+            "trainer's full-vocabulary log-probs; set top_p=1.0 for a trained agent (a frozen "
+            "teammate, generation.server.frozen=true, may keep it)"
+        )
     lora = getattr(source.model_spec, "lora", None)
     if pool is None:
         raise ValueError(

@@ -381,6 +381,7 @@ class VLLMServerGenerator:
         return encode_prompt(self.tokenizer, chat, self.config.max_prompt_tokens)
 
     def _one(self, prompt: list[int], seed: int) -> Completion:
+        version = self.weights_version
         url = self.endpoints.acquire()
         try:
             body = completion_request(self.model, prompt, self.config, seed)
@@ -389,7 +390,9 @@ class VLLMServerGenerator:
             except ServerError as err:
                 raise ServerError(f"agent {self.name!r}: a request failed: {err}\n"
                                   f"{self._describe(url)}") from err  # fmt: skip
-            return parse_completion(prompt, answer)
+            completion = parse_completion(prompt, answer)
+            completion.weights_version = version
+            return completion
         finally:
             self.endpoints.release(url)
 

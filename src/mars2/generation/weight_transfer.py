@@ -242,4 +242,4 @@ class NcclSender:
         self._weights = []
 
 
-SENDERS = {"gloo": GlooSender, "nccl": NcclSender}
+SENDERS: dict[str, Any] = {"gloo": GlooSender, "nccl": NcclSender}
