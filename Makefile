@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv sandbox-deps models train test test-vllm lint typecheck bench bench-rollout-vllm clean
+.PHONY: venv sandbox-deps models train test test-vllm lint typecheck bench bench-rollout-vllm bench-rollout-server clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -67,6 +67,13 @@ bench-rollout-vllm: $(VLLM_STAMP)
 	$(VLLM_PY) scripts/make_tiny_models.py --out $(VLLM_TINY_DIR)
 	VLLM_CPU_KVCACHE_SPACE=1 MARS2_TINY_MODELS=$(abspath $(VLLM_TINY_DIR)) \
 	  $(VLLM_PY) benchmarks/bench_rollout.py --vllm $(BENCH_ARGS)
+
+# Rollouts on vLLM servers vs in-process engines, rounds vs pipelined, side by side (vllm-cpu venv:
+# it holds both vLLM and the trainer; benchmarks/bench_rollout_server.py, BENCH_ARGS="--passes 2").
+bench-rollout-server: $(VLLM_STAMP)
+	$(VLLM_PY) scripts/make_tiny_models.py --out $(VLLM_TINY_DIR)
+	VLLM_CPU_KVCACHE_SPACE=1 MARS2_TINY_MODELS=$(abspath $(VLLM_TINY_DIR)) \
+	  $(VLLM_PY) benchmarks/bench_rollout_server.py $(BENCH_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests scripts benchmarks

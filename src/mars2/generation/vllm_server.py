@@ -375,6 +375,8 @@ class VLLMServerGenerator:
         self._loaded = 0
         self.weights_version = 0
         self.sync_seconds = 0.0
+        # edits each request body before it is sent (benchmarks force answer lengths with it)
+        self.request_hook: Callable[[dict[str, Any]], None] | None = None
 
     # --- requests -------------------------------------------------------------------------
     def encode_prompt(self, chat: Messages) -> list[int]:
@@ -385,6 +387,8 @@ class VLLMServerGenerator:
         url = self.endpoints.acquire()
         try:
             body = completion_request(self.model, prompt, self.config, seed)
+            if self.request_hook is not None:
+                self.request_hook(body)
             try:
                 answer = http_json(f"{url}/v1/completions", body, timeout=self.request_timeout)
             except ServerError as err:
