@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_rollout import REPO, DrawnLengths, _row  # noqa: E402
+from bench_rollout import REPO, DrawnLengths, _row
 
-from mars2.search.runner import SearchConfig, TreeSearch  # noqa: E402
-from mars2.search.simulation.latency import AnswerLengths  # noqa: E402
+from mars2.search.runner import SearchConfig, TreeSearch
+from mars2.search.simulation.latency import AnswerLengths
 
 AGENTS = ("tiny_qwen3", "tiny_llama")
 SERVER_ARGS = {"max-model-len": 2048, "enforce-eager": True, "max-num-seqs": 64}
