@@ -42,6 +42,8 @@ CHATS = [
     [{"role": "user", "content": "Write a program that prints a number."}],
     [{"role": "user", "content": "def add(a, b):"}],
 ]
+# gloo on CPU; scripts/gpu_check_server.sh sets nccl on a GPU machine (the same trainer code)
+TRANSFER = os.environ.get("MARS2_WEIGHT_TRANSFER", "gloo")
 LORA = LoraSpec(r=4, alpha=8, target_modules=("q_proj", "v_proj", "o_proj"))
 
 
@@ -51,7 +53,7 @@ def server(tiny_models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     config = check_server_config("tiny_llama", {
         "python": VLLM_PYTHON,
         "args": {**SERVER_ARGS, "enable-lora": True, "max-lora-rank": 8,
-                 "weight-transfer-config": {"backend": "gloo"}},
+                 "weight-transfer-config": {"backend": TRANSFER}},
         "env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
         "health_timeout_s": 900,
     })  # fmt: skip
@@ -65,7 +67,7 @@ def _agent(tiny: Path, url: str, lora: bool = False, tokens: int = 8,
     spec = ModelSpec(str(tiny / "tiny_llama"), lora=LORA if lora else None)
     config = GenerationConfig(backend="vllm_server", max_new_tokens=tokens, temperature=1.0,
                               server={"urls": [url], "model_name": "tiny_llama",
-                                      **server})  # fmt: skip
+                                      "weight_transfer": TRANSFER, **server})  # fmt: skip
     return AgentModule("tiny_llama", spec, config)
 
 
@@ -195,12 +197,12 @@ def test_tiny_pair_trains_three_steps_with_both_agents_on_servers(
         ])  # fmt: skip
     module, datamodule, trainer, sandbox = build_run(cfg)
     steps: list[dict[str, float]] = []
-    launched: list[str] = []
+    launched: list[Any] = []
 
     class Record(pl.Callback):
         def on_train_batch_end(self, *args: Any) -> None:
             steps.append(dict(datamodule.last.metrics))
-            launched[:] = module.agents["tiny_qwen3"].generator.backend.endpoints.urls
+            launched[:] = [module.agents["tiny_qwen3"].generator.backend.launched]
 
     trainer.callbacks.append(Record())
     try:
@@ -211,7 +213,9 @@ def test_tiny_pair_trains_three_steps_with_both_agents_on_servers(
     info = http_json(f"{server.url}/weight_info", timeout=30)
     assert info["weight_version"].startswith("tiny_llama-")
     with pytest.raises(ServerError):  # the run stopped the server it launched
-        http_json(f"{launched[0]}/health", timeout=5, method="GET")
+        http_json(f"{launched[0].url}/health", timeout=5, method="GET")
+    with pytest.raises(ProcessLookupError):  # with every process of its group (no orphans)
+        os.killpg(launched[0].pid, 0)
     assert (tmp_path / "servers" / "tiny_qwen3.log").stat().st_size > 0
 
 

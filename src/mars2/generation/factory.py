@@ -245,6 +245,7 @@ def _server_backend(
             "EnginePool (build_generators(agents, pool)), which owns the servers and their threads"
         )
     describe = lambda url: f"server {url}"  # noqa: E731
+    launched = None
     if server.get("urls"):
         urls = list(server["urls"])
     else:
@@ -260,5 +261,6 @@ def _server_backend(
     generator = VLLMServerGenerator(source.name, source.tokenizer, cfg, urls, server,
                                     lora=lora is not None, adapter_dir=adapters,
                                     describe=describe)  # fmt: skip
+    generator.launched = launched
     pool.on_close(generator.close)
     return generator

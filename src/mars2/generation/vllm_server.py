@@ -377,6 +377,7 @@ class VLLMServerGenerator:
         self.sync_seconds = 0.0
         # edits each request body before it is sent (benchmarks force answer lengths with it)
         self.request_hook: Callable[[dict[str, Any]], None] | None = None
+        self.launched: LaunchedServer | None = None  # the server mars2 started for it, if any
 
     # --- requests -------------------------------------------------------------------------
     def encode_prompt(self, chat: Messages) -> list[int]:
