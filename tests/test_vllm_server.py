@@ -193,7 +193,7 @@ def test_tiny_pair_trains_three_steps_with_both_agents_on_servers(
             f"+agents.tiny_llama.generation.server={{urls:[{server.url}],model_name:tiny_llama}}",
             "agents.tiny_qwen3.generation.backend=vllm_server",
             f"+agents.tiny_qwen3.generation.server={{python:{VLLM_PYTHON},args:{args},"
-            "health_timeout_s:900}",
+            "env:{VLLM_CPU_KVCACHE_SPACE:1},health_timeout_s:900}",
         ])  # fmt: skip
     module, datamodule, trainer, sandbox = build_run(cfg)
     steps: list[dict[str, float]] = []

@@ -168,6 +168,16 @@ def tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:
         return "(no log)"
 
 
+def first_errors(path: Path, count: int = 8) -> str:
+    """The log's first lines that name an error (the root cause, often far above the tail)."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    found = [line for line in lines if "Error" in line or "ERROR" in line][:count]
+    return "first errors in the log:\n" + "\n".join(found) + "\n" if found else ""
+
+
 class LaunchedServer:
     """One ``vllm`` API server process started by mars2, in a process group of its own.
 
@@ -198,7 +208,7 @@ class LaunchedServer:
     def describe(self) -> str:
         return (
             f"command: {shlex.join(self.command)}\nlog: {self.log_path}\n"
-            f"last lines of the log:\n{tail(self.log_path)}"
+            f"{first_errors(self.log_path)}last lines of the log:\n{tail(self.log_path)}"
         )
 
     def wait_healthy(self, timeout_s: float) -> None:
