@@ -57,7 +57,7 @@ def main() -> None:
     parser.add_argument("--median", type=float, default=24)
     parser.add_argument("--sigma", type=float, default=1.0)
     parser.add_argument("--max", type=int, default=384)
-    parser.add_argument("--warm-epochs", type=int, default=20)
+    parser.add_argument("--warm-epochs", type=int, default=5)
     args = parser.parse_args()
     lengths = AnswerLengths(median=args.median, sigma=args.sigma, max_tokens=args.max)
 
