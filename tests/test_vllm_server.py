@@ -188,7 +188,7 @@ def test_tiny_pair_trains_three_steps_with_both_agents_on_servers(
             "experiment=tiny_pair", "steps=3", f"paths.output_dir={tmp_path}",
             f"paths.tiny_models_dir={tiny_models_dir}", f"paths.log_dir={tmp_path}/logs",
             "logger=none", "~callbacks.progress", "+trainer.enable_progress_bar=false",
-            "sandbox.num_workers=2", "warm_start.epochs=10",
+            "sandbox.num_workers=2",
             "agents.tiny_llama.generation.backend=vllm_server",
             f"+agents.tiny_llama.generation.server={{urls:[{server.url}],model_name:tiny_llama}}",
             "agents.tiny_qwen3.generation.backend=vllm_server",
