@@ -30,7 +30,7 @@ def _end_group(code: int) -> None:
             break
         if pid == 0:
             time.sleep(0.1)
-    for pid in _group_members():  # what ignored SIGTERM (the guard stays, to report `code`)
+    for pid in group_members(os.getpid()):  # what ignored SIGTERM (the guard stays, for `code`)
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -38,8 +38,9 @@ def _end_group(code: int) -> None:
     os._exit(code)
 
 
-def _group_members() -> list[int]:
-    """The other processes of the guard's process group (from /proc)."""
+def group_members(group: int) -> list[int]:
+    """The live processes of process group `group` other than this one (from /proc; zombies,
+    which hold nothing and wait for a reaper, do not count)."""
     me, members = os.getpid(), []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == me:
@@ -49,7 +50,7 @@ def _group_members() -> list[int]:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[2]) == me:  # pgrp
+        if int(fields[2]) == group and fields[0] != "Z":  # pgrp, state
             members.append(int(entry))
     return members
 
