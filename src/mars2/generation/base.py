@@ -18,6 +18,7 @@ class Completion:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None  # per generated token, from the sampling policy
     truncated: bool = False  # hit max_new_tokens without an end-of-sequence token
+    weights_version: int | None = None  # the sampler's weights when it was asked (server backends)
 
 
 @runtime_checkable

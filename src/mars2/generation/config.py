@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-BACKENDS = ("transformers", "vllm", "reference")
+BACKENDS = ("transformers", "vllm", "vllm_server", "reference")
 
 
 @dataclass(frozen=True)
@@ -16,20 +16,28 @@ class GenerationConfig:
     one base share one engine, each through its own adapter), ``enable_sleep_mode`` (release the
     engine's memory while the trainer runs) and ``sleep_level`` (2 by default, as vLLM documents
     for RL: the weights are discarded and reloaded from the trainer at the next sync).
+    ``server`` configures ``backend: vllm_server`` (an engine as a vLLM server, launched by mars2 or
+    at ``urls``; see `mars2.generation.vllm_server` for its keys).
     """
 
-    backend: str = "transformers"  # transformers | vllm | reference (see generation/reference.py)
+    backend: str = "transformers"  # transformers | vllm | vllm_server | reference
     max_new_tokens: int = 256
     temperature: float = 1.0
     top_p: float = 1.0
     batch_size: int = 32
     max_prompt_tokens: int | None = None
     vllm: dict[str, Any] | None = None
+    server: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(
                 f"unknown generation backend {self.backend!r}: use one of {', '.join(BACKENDS)}"
+            )
+        if self.server is not None and self.backend != "vllm_server":
+            raise ValueError(
+                f"generation.server is set but generation.backend={self.backend!r}: set "
+                "backend=vllm_server to sample from vLLM servers (or drop generation.server)"
             )
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0 for sampling, got {self.temperature}")

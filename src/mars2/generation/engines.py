@@ -116,8 +116,10 @@ class EnginePool:
     down and removes the adapters written for shared-base engines.
     """
 
-    def __init__(self, runtime: Any = None) -> None:
+    def __init__(self, runtime: Any = None, log_dir: Path | None = None) -> None:
         self.runtime = runtime or VLLMRuntime()
+        self.log_dir = log_dir  # where launched vLLM servers write their logs (run folder)
+        self._closers: list[Any] = []
         self._engines: dict[str, Any] = {}
         self._args: dict[str, dict[str, Any]] = {}
         self._workdir: Path | None = None
@@ -173,12 +175,28 @@ class EnginePool:
             self._group = EngineGroup(size)
         return self._group
 
+    def on_close(self, close: Any) -> None:
+        """Call `close()` when the pool closes (launched vLLM servers, their request threads)."""
+        self._closers.append(close)
+
+    def server_log_dir(self) -> Path:
+        """The folder of launched servers' logs: the run's `log_dir`, else the pool's scratch."""
+        folder = self.log_dir if self.log_dir is not None else self.workdir() / "servers"
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
     def lora_ids(self, key: str) -> Iterator[int]:
         """Fresh LoRA request ids for the engine `key` (never reused while it runs)."""
         return self._lora_ids.setdefault(key, itertools.count(1))
 
     def close(self) -> None:
         """Shut every engine down and free what the pool wrote; the pool can be reused after."""
+        closers, self._closers = self._closers[::-1], []
+        for close in closers:
+            try:
+                close()
+            except Exception:  # one server failing to stop must not keep the others running
+                log.exception("closing %s failed", close)
         engines, self._engines, self._args = self._engines, {}, {}
         self._lora_ids = {}
         if self._loop is not None:  # nothing may still be stepping an engine that shuts down

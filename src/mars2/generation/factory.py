@@ -170,6 +170,8 @@ def _backend(source: GenerationSource, cfg: GenerationConfig, pool: EnginePool |
                 "with the run's problems (build_generators(..., answer_key=AnswerKey.of(...)))"
             )
         return ReferenceGenerator(answer_key)
+    if cfg.backend == "vllm_server":
+        return _server_backend(source, cfg, pool)
     if cfg.backend == "transformers":
         from mars2.generation.transformers_backend import TransformersGenerator
 
@@ -220,3 +222,45 @@ def _backend(source: GenerationSource, cfg: GenerationConfig, pool: EnginePool |
 
         return StreamingVLLMGenerator(llm, pool.runtime, source.tokenizer, cfg, pool.loop())
     return VLLMGenerator(llm, pool.runtime, source.tokenizer, cfg, pool.engine_group(tp), key)
+
+
+def _server_backend(
+    source: GenerationSource, cfg: GenerationConfig, pool: EnginePool | None
+) -> Any:
+    """An agent on vLLM servers: launched for it (owned by the run's `pool`) or at given urls."""
+    from mars2.generation.vllm_server import VLLMServerGenerator, check_server_config, launch_server
+
+    server = check_server_config(source.name, cfg.server)
+    if cfg.top_p < 1 and not server.get("frozen"):
+        raise ValueError(
+            f"agent {source.name!r}: top_p={cfg.top_p} on vLLM servers: the server's log-probs are "
+            "renormalised over the kept tokens, which biases the importance ratio against the "
+            "trainer's full-vocabulary log-probs; set top_p=1.0 for a trained agent (a frozen "
+            "teammate, generation.server.frozen=true, may keep it)"
+        )
+    lora = getattr(source.model_spec, "lora", None)
+    if pool is None:
+        raise ValueError(
+            f"agent {source.name!r} samples from vLLM servers: build its generator with the run's "
+            "EnginePool (build_generators(agents, pool)), which owns the servers and their threads"
+        )
+    describe = lambda url: f"server {url}"  # noqa: E731
+    launched = None
+    if server.get("urls"):
+        urls = list(server["urls"])
+    else:
+        launched = launch_server(source.name, source.model_spec, server, pool.server_log_dir(),
+                                 lora_rank=int(lora.r) if lora is not None else 0)  # fmt: skip
+        pool.on_close(launched.stop)
+        urls = [launched.url]
+        describe = lambda url: launched.describe()  # noqa: E731
+    adapters = None
+    if lora is not None:
+        adapters = pool.workdir() / f"adapters-{source.name}"
+        adapters.mkdir(parents=True, exist_ok=True)
+    generator = VLLMServerGenerator(source.name, source.tokenizer, cfg, urls, server,
+                                    lora=lora is not None, adapter_dir=adapters,
+                                    describe=describe)  # fmt: skip
+    generator.launched = launched
+    pool.on_close(generator.close)
+    return generator

@@ -243,7 +243,7 @@ class AgentModule(pl.LightningModule):
         old = batch.get("old_logprobs", logprobs.detach())
         rollout = (
             torch.where(has_rollout, batch["rollout_logprobs"], old)
-            if self.generation_config.backend == "vllm"
+            if self.generation_config.backend in ("vllm", "vllm_server")
             else None
         )
         ref = batch.get("ref_logprobs")
@@ -255,6 +255,14 @@ class AgentModule(pl.LightningModule):
             num_sequences=num_sequences, num_tokens=num_tokens,
         )  # fmt: skip
         with torch.no_grad():
+            if rollout is not None:  # trainer–sampler mismatch on the sampled tokens
+                sampled = mask * has_rollout
+                count = sampled.sum().clamp(min=1)
+                metrics["sampler_kl"] = ((rollout - old) * sampled).sum() / count  # k1 estimate
+                ratio = torch.exp(old - rollout)[sampled.bool()]
+                one = torch.ones((), device=ratio.device)  # the same keys on every rank
+                metrics["sampler_ratio_max"] = ratio.max() if ratio.numel() else one
+                metrics["sampler_ratio_min"] = ratio.min() if ratio.numel() else one
             assert entropy is not None
             metrics["entropy"] = (entropy * mask).sum() / mask.sum().clamp(min=1)
             metrics["tokens"] = mask.sum()

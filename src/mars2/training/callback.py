@@ -61,7 +61,7 @@ class MultiAgentCallback(pl.Callback):
         missing = {name: agent for name, agent in agents.items() if not agent.has_generator}
         if not missing:
             return
-        self._pool = EnginePool()
+        self._pool = EnginePool(log_dir=self.output_dir / "servers")
         streaming = _driver(trainer) == "pipelined"  # vLLM engines then take requests as they come
         for name, generator in build_generators(missing, self._pool, streaming=streaming).items():
             agents[name].generator = generator
