@@ -222,7 +222,7 @@ class E2BSandbox(Sandbox):
                         await self._discard(remote)
                     await asyncio.sleep(min(8.0, 0.5 * 2**attempt))
         return JobResult.failed(
-            len(job.tests), Verdict.RUNTIME_ERROR, f"E2B unavailable: {last_error}"
+            len(job.tests), Verdict.INFRA_ERROR, f"E2B unavailable: {last_error}"
         )
 
     @staticmethod
