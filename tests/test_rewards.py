@@ -240,7 +240,7 @@ def test_infrastructure_errors_train_nobody() -> None:
     from mars2.sandbox.records import Grade
 
     tree = _tree([(0, "a", 0.0), (0, "b", 1.0), (0, "a", 0.0), (1, "b", 1.0)])
-    tree.nodes[1].grade = Grade(infra_error=True)  # node 4 is its child: dropped with it
+    tree.nodes[1].grade = Grade(code="x", infra_error=True)  # node 4 is its child: dropped with it
     samples = tree_samples(tree, 0, AdvantageConfig(filter_degenerate=False))
     assert sorted(s.node.id for s in samples) == [2, 3]
     clean = _tree([(0, "b", 1.0), (0, "a", 0.0)])
