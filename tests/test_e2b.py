@@ -57,7 +57,7 @@ def test_persistent_failure_gives_a_verdict_not_an_exception(fake_sdk) -> None:
     with E2BSandbox(api_key="k", max_concurrency=1, retries=2, sdk=fake_sdk) as box:
         (result,) = box.run_batch([Job(ADD, "stdin", TESTS)])
     assert all(
-        t.verdict is Verdict.RUNTIME_ERROR and "E2B unavailable" in t.error for t in result.tests
+        t.verdict is Verdict.INFRA_ERROR and "E2B unavailable" in t.error for t in result.tests
     )
 
 

@@ -232,3 +232,17 @@ def _normalised(tree: SearchTree, ddof: int, eps: float) -> list[float]:
     shaped = shape_rewards(tree)
     values = np.array([shaped[n.id] for n in tree.answers()])
     return list((values - values.mean()) / (values.std(ddof=ddof) + eps))
+
+
+def test_infrastructure_errors_train_nobody() -> None:
+    """Issue #42: an answer our sandbox failed to grade (worker killed, E2B down) and its
+    descendants leave the rewards; the others' samples are those of the tree without them."""
+    from mars2.sandbox.records import Grade
+
+    tree = _tree([(0, "a", 0.0), (0, "b", 1.0), (0, "a", 0.0), (1, "b", 1.0)])
+    tree.nodes[1].grade = Grade(code="x", infra_error=True)  # node 4 is its child: dropped with it
+    samples = tree_samples(tree, 0, AdvantageConfig(filter_degenerate=False))
+    assert sorted(s.node.id for s in samples) == [2, 3]
+    clean = _tree([(0, "b", 1.0), (0, "a", 0.0)])
+    expected = tree_samples(clean, 0, AdvantageConfig(filter_degenerate=False))
+    assert [s.advantage for s in samples] == [s.advantage for s in expected]

@@ -39,11 +39,41 @@ class FakeState:
         self.running = 0
         self.peak = 0
         self.fail_next_commands = 0
+        # Fault injection (the chaos suite): called before each create / command, returns None
+        # or one of "429", "5xx", "timeout", "slow" (a create that takes `slow_seconds`).
+        self.create_fault: Any = None
+        self.command_fault: Any = None
+        self.slow_seconds = 0.3
         self.api_keys: list[str] = []
         self.written: dict[str, str] = {}  # remote path -> what was written there
 
 
 STATE = FakeState()
+
+
+class RateLimitException(Exception):
+    """What the SDK raises on HTTP 429."""
+
+
+class SandboxException(Exception):
+    """What the SDK raises on other API errors (5xx here)."""
+
+
+class TimeoutException(Exception):
+    """What the SDK raises when a request times out."""
+
+
+async def _inject(plan: Any) -> None:
+    fault = plan() if plan is not None else None
+    if fault == "429":
+        raise RateLimitException("429: Rate limit exceeded (fake)")
+    if fault == "5xx":
+        raise SandboxException("503: Service Unavailable (fake)")
+    if fault == "timeout":
+        await asyncio.sleep(0.05)
+        raise TimeoutException("request timed out (fake)")
+    if fault == "slow":
+        await asyncio.sleep(STATE.slow_seconds)
 
 
 class Files:
@@ -63,6 +93,7 @@ class Commands:
 
     async def run(self, cmd: str, timeout: float | None = 60) -> Result:
         command = cmd
+        await _inject(STATE.command_fault)
         if STATE.fail_next_commands > 0:
             STATE.fail_next_commands -= 1
             raise ConnectionError("fake transient network error")
@@ -102,6 +133,7 @@ class AsyncSandbox:
         api_key: str,
     ) -> AsyncSandbox:
         """The real SDK's keywords that E2BSandbox uses (tests check them against the SDK)."""
+        await _inject(STATE.create_fault)
         STATE.creating += 1
         STATE.peak_creating = max(STATE.peak_creating, STATE.creating)
         STATE.create_times.append(asyncio.get_running_loop().time())

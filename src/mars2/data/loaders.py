@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import pickle
 import zlib
 from collections.abc import Callable, Iterator
 from datetime import date, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from mars2.data.problem import Problem, ProblemFormatError, TestCase, TestKind
 
 RowParser = Callable[[dict[str, Any], "_RowContext"], Problem]
+# What a loader does with a row that cannot become a problem: stop before any model work with an
+# error naming the file and line (the default), or leave it out and say how many were left out.
+BadRows = Literal["error", "skip"]
+log = logging.getLogger(__name__)
 # The names of mars2.sandbox.verdict.compare.PROFILE_NAMES (data sits below sandbox, so not imported).
 GRADING_PROFILES = ("lenient", "lcb")
 
@@ -40,46 +45,102 @@ class _RowContext:
 
 
 def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield (line number, object) for each non-blank line; malformed JSON names the line."""
+    """Yield (line number, object) for each non-blank line; a line that is not UTF-8, not JSON or
+    not an object raises `ProblemFormatError` naming the file and line."""
+    for line_no, row in iter_rows(path):
+        if isinstance(row, ProblemFormatError):
+            raise row
+        yield line_no, row
+
+
+def iter_rows(path: str | Path) -> Iterator[tuple[int, dict[str, Any] | ProblemFormatError]]:
+    """Like `iter_jsonl`, but a malformed line is yielded as its error (so it can be skipped)."""
     source = str(path)
-    with open(path, encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
+    with open(path, "rb") as handle:
+        for line_no, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                yield (
+                    line_no,
+                    ProblemFormatError(
+                        source, line_no, "<row>", f"not UTF-8 text (byte {err.start}: {err.reason})"
+                    ),
+                )
+                continue
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
-                raise ProblemFormatError(source, line_no, "<row>", f"invalid JSON: {err}") from err
+                yield line_no, ProblemFormatError(source, line_no, "<row>", f"invalid JSON: {err}")
+                continue
             if not isinstance(row, dict):
-                raise ProblemFormatError(source, line_no, "<row>", "expected a JSON object")
+                yield (
+                    line_no,
+                    ProblemFormatError(source, line_no, "<row>", "expected a JSON object"),
+                )
+                continue
             yield line_no, row
 
 
-def _load(path: str | Path, parse: RowParser, limit: int | None) -> list[Problem]:
+def _check_bad_rows(bad_rows: str) -> None:
+    if bad_rows not in ("error", "skip"):
+        raise ValueError(f"unknown bad_rows={bad_rows!r}: use 'error' or 'skip'")
+
+
+def _load(
+    path: str | Path, parse: RowParser, limit: int | None, bad_rows: BadRows = "error"
+) -> list[Problem]:
+    _check_bad_rows(bad_rows)
     problems: list[Problem] = []
     seen: set[str] = set()
-    for line_no, row in iter_jsonl(path):
+    skipped: list[ProblemFormatError] = []
+    for line_no, row in iter_rows(path):
         ctx = _RowContext(str(path), line_no)
         try:
-            problem = parse(row, ctx)
-        except ProblemFormatError:
-            raise
-        except (ValueError, TypeError, KeyError) as err:
-            raise ctx.fail("<row>", str(err)) from err
-        if problem.id in seen:
-            raise ctx.fail("id", f"duplicate problem id {problem.id!r}")
+            if isinstance(row, ProblemFormatError):
+                raise row
+            try:
+                problem = parse(row, ctx)
+            except ProblemFormatError:
+                raise
+            except (ValueError, TypeError, KeyError) as err:
+                raise ctx.fail("<row>", str(err)) from err
+            if problem.id in seen:
+                raise ctx.fail("id", f"duplicate problem id {problem.id!r}")
+        except ProblemFormatError as err:
+            if bad_rows == "error":
+                err.add_hint(
+                    "Fix or delete that row, or set bad_rows=skip on this data source (e.g. "
+                    "data.train.bad_rows=skip) to leave malformed rows out and count them."
+                )
+                raise
+            skipped.append(err)
+            continue
         seen.add(problem.id)
         problems.append(problem)
         if limit is not None and len(problems) >= limit:
             break
+    if skipped:
+        log.warning(
+            "%s: skipped %d malformed row(s) (bad_rows=skip), kept %d; first: %s",
+            path,
+            len(skipped),
+            len(problems),
+            skipped[0],
+        )
     return problems
 
 
 # --- mars2's own format ---------------------------------------------------------------------
 
 
-def load_problems_jsonl(path: str | Path, limit: int | None = None) -> list[Problem]:
-    """Read problems written by `save_problems_jsonl` (our native format)."""
+def load_problems_jsonl(
+    path: str | Path, limit: int | None = None, bad_rows: BadRows = "error"
+) -> list[Problem]:
+    """Read problems written by `save_problems_jsonl` (our native format); `bad_rows` as in
+    `_load` (``error``: stop at the first malformed row; ``skip``: leave such rows out, counted)."""
 
     def parse(row: dict[str, Any], ctx: _RowContext) -> Problem:
         for name in ("id", "statement", "test_kind"):
@@ -90,7 +151,7 @@ def load_problems_jsonl(path: str | Path, limit: int | None = None) -> list[Prob
             raise ctx.fail("test_kind", str(err)) from err
         return Problem.from_dict(row)
 
-    return _load(path, parse, limit)
+    return _load(path, parse, limit, bad_rows)
 
 
 def save_problems_jsonl(problems: list[Problem], path: str | Path) -> None:
@@ -158,6 +219,7 @@ def load_livecodebench(
     end_date: str | date | None = None,
     limit: int | None = None,
     grading_profile: str = "lcb",
+    bad_rows: BadRows = "error",
 ) -> list[Problem]:
     """Read LiveCodeBench code-generation jsonl, keeping problems with start <= contest_date <= end.
 
@@ -212,7 +274,7 @@ def load_livecodebench(
             },
         )
 
-    problems = _load(path, parse, None)
+    problems = _load(path, parse, None, bad_rows)
     kept = []
     for problem in problems:
         stamp = problem.metadata.get("contest_date")
@@ -235,6 +297,7 @@ def load_deepcoder(
     num_public: int = 2,
     limit: int | None = None,
     grading_profile: str = "lenient",
+    bad_rows: BadRows = "error",
 ) -> list[Problem]:
     """Read DeepCoder / MARTI-style jsonl: ``prompt`` plus ``label`` = {inputs, outputs, fn_name?}.
 
@@ -289,7 +352,7 @@ def load_deepcoder(
             },
         )
 
-    return _load(path, parse, limit)
+    return _load(path, parse, limit, bad_rows)
 
 
 def _reference(row: dict[str, Any]) -> dict[str, str]:

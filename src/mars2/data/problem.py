@@ -89,4 +89,13 @@ class ProblemFormatError(ValueError):
         self.source = source
         self.line = line
         self.field_name = field_name
+        self.hint = ""
         super().__init__(f"{source}:{line}: field {field_name!r}: {message}")
+
+    def add_hint(self, hint: str) -> None:
+        """Say how to fix it, after the message (`str(error)` is then the whole paragraph)."""
+        self.hint = hint
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return f"{text}. {self.hint}" if self.hint else text

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mars2.rewards.advantages import GroupBy, group_advantages, is_degenerate
 from mars2.rewards.shaping import shape_rewards
@@ -78,6 +78,12 @@ def tree_samples(
     """
     if len(tree) == 0 or (config.filter_degenerate and is_degenerate(tree)):
         return []
+    original = {n.id: n for n in tree.nodes}
+    origin = {n.id: n.id for n in tree.nodes}
+    if any(node.grade.infra_error for node in tree.answers()):
+        tree, origin = graded_only(tree)  # answers our infrastructure failed to grade: no one's
+        if len(tree) == 0 or (config.filter_degenerate and is_degenerate(tree)):
+            return []
     shaped = shape_rewards(tree, config.gamma, config.lam)
     terms = length_terms or {}
     length: dict[int, float] = {}
@@ -89,9 +95,35 @@ def tree_samples(
         tree, scored, config.scale_std, config.group_by, config.eps, config.ddof
     )
     return [
-        Sample(node, tree_index, shaped[node.id], advantages[node.id], length[node.id])
+        Sample(
+            original[origin[node.id]], tree_index, shaped[node.id], advantages[node.id],
+            length[node.id],
+        )
         for node in tree.answers()
+    ]  # fmt: skip
+
+
+def graded_only(tree: SearchTree) -> tuple[SearchTree, dict[int, int]]:
+    """The tree without the answers whose grade is an infrastructure error (and without their
+    descendants, whose prompts showed that grade's feedback): their rewards say nothing about
+    the answers, so they shape no baseline, join no group and train nobody. Also returns each
+    kept node's id in the original tree."""
+    dropped: set[int] = set()
+    for node in tree.answers():
+        if node.grade.infra_error or node.parent in dropped:
+            dropped.add(node.id)
+    kept = [n for n in tree.nodes if n.id not in dropped]
+    renumber = {n.id: i for i, n in enumerate(kept)}
+    nodes = [
+        replace(
+            n,
+            id=renumber[n.id],
+            parent=None if n.parent is None else renumber[n.parent],
+            children=[renumber[c] for c in n.children if c in renumber],
+        )
+        for n in kept
     ]
+    return SearchTree(tree.problem, nodes), {i: n.id for i, n in enumerate(kept)}
 
 
 def route_samples(

@@ -27,6 +27,9 @@ class Verdict(str, Enum):
     # The wall-clock safety net tripped while the answer was starved of CPU by other load, even
     # after a retry: says nothing about the answer (never a failing verdict of its own).
     OVERLOADED = harness.OVERLOADED
+    # The infrastructure failed (a worker killed mid-job, a sandbox that could not be created or
+    # reached): says nothing about the answer, which is excluded from rewards and counted.
+    INFRA_ERROR = harness.INFRA_ERROR
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,12 @@ class JobResult:
     @property
     def pass_rate(self) -> float:
         return self.passed / len(self.tests) if self.tests else 0.0
+
+    @property
+    def infra_error(self) -> bool:
+        """A test's verdict came from a fault of ours (infrastructure, or a host so loaded that a
+        test was starved of CPU): the result says nothing about the answer."""
+        return any(t.verdict in (Verdict.INFRA_ERROR, Verdict.OVERLOADED) for t in self.tests)
 
     @classmethod
     def failed(cls, count: int, verdict: Verdict, error: str) -> JobResult:

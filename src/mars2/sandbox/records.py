@@ -38,6 +38,7 @@ class Grade:
     private: list[TestFeedback] = field(default_factory=list)
     reward: float = 0.0
     passed: bool | None = None
+    infra_error: bool = False
 
     @property
     def has_code(self) -> bool:

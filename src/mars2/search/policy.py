@@ -108,6 +108,8 @@ class AgentStatistics:
         for tree in trees:
             for node in tree.answers():
                 assert node.agent is not None
+                if node.grade.infra_error:  # a fault of ours says nothing about the agent
+                    continue
                 batch.setdefault(node.agent, RewardStats()).add(node.reward)
         if reduce is not None:
             assert agents is not None
@@ -215,6 +217,8 @@ class TreeStats:
             self._grow()
         node = tree.nodes[node_id]
         assert node.parent is not None and node.agent is not None
+        if node.grade.infra_error:  # ungraded by a fault of ours: no evidence for the search
+            return
         self.subtree[node_id].add(node.reward)
         self._walk(tree, node.parent, node.agent, node.reward, 0)
         self.agent(node.agent).add(node.reward)

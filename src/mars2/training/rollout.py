@@ -170,6 +170,9 @@ class RolloutEngine:
             "grading_seconds": self.search.timings.grading,
             "search_bookkeeping_seconds": self.search.timings.bookkeeping,
             "trained_samples": float(sum(len(v) for v in samples.values())),
+            # Answers our infrastructure failed to grade (worker lost, sandbox unavailable, host
+            # overloaded): left out of the rewards (mars2.rewards.routing.graded_only), counted.
+            "infra_errors": float(sum(n.grade.infra_error for n in nodes)),
             "truncated_share": float(np.mean([n.truncated for n in nodes])) if nodes else 0.0,
         }
         metrics.update(service_usage(self.search.timings.busy, self.search.timings.span, samples))

@@ -83,6 +83,13 @@ def load_problem_set(cfg: DictConfig, part: str, limit: int | None = None) -> li
 def _load_problem_set(node: DictConfig, part: str, limit: int | None) -> list[Any]:
     try:
         problems = list(hydra.utils.instantiate(node, _convert_="all"))
+    except InstantiationException as error:  # Hydra wraps what the loader raised
+        cause = error.__cause__
+        # mars2.data.problem.ProblemFormatError (same layer: not imported): names the file, the
+        # row and the fix; the whole message, without Hydra's traceback.
+        if isinstance(cause, ValueError) and hasattr(cause, "field_name"):
+            raise ConfigError(f"{_describe(part, node)}: {cause}") from None
+        raise
     except FileNotFoundError as error:  # a file the loader opens itself
         raise ConfigError(
             f"{_describe(part, node)} could not open {error.filename or '?'}: {error.strerror}."

@@ -117,9 +117,13 @@ class E2BSandbox(Sandbox):
         wall_factor: float = 3.0,
         create_jitter: float = 0.25,
         max_parallel_creates: int = 8,
+        max_creates_per_second: float | None = None,
+        backoff: float = 0.5,
         seed: int | None = None,
         sdk: Any = None,
     ) -> None:
+        if max_creates_per_second is not None and max_creates_per_second <= 0:
+            raise ValueError("max_creates_per_second must be > 0 (E2B Hobby: 1, Pro: 5) or None")
         if wall_factor < 1.0 or create_jitter < 0 or max_parallel_creates < 1:
             raise ValueError(
                 "wall_factor must be >= 1, create_jitter >= 0 and max_parallel_creates >= 1"
@@ -143,6 +147,13 @@ class E2BSandbox(Sandbox):
         self.wall_factor = wall_factor
         self.create_jitter = create_jitter
         self.max_parallel_creates = max_parallel_creates
+        # E2B's plans cap creations per second (Hobby 1/s, Pro 5/s) and concurrent sandboxes
+        # (max_concurrency: Hobby 20, Pro 100); a create waits for its slot instead of a 429.
+        self.max_creates_per_second = max_creates_per_second
+        self.backoff = backoff
+        self.retried = 0  # failed attempts that were tried again (or given up): the step's count
+        self._next_create = 0.0
+        self._rate_lock: asyncio.Lock | None = None
         self._rng = random.Random(seed)
         self._pending_creates = 0
         self._create_gate: asyncio.Semaphore | None = None
@@ -181,10 +192,30 @@ class E2BSandbox(Sandbox):
             if ahead and self.create_jitter:
                 await asyncio.sleep(self._rng.uniform(0.0, self.create_jitter * ahead))
             async with self._create_gate:
+                await self._wait_for_create_slot()
                 self._created += 1
                 return await self._sdk.AsyncSandbox.create(**self.create_options())
         finally:
             self._pending_creates -= 1
+
+    async def _wait_for_create_slot(self) -> None:
+        """At most `max_creates_per_second` creations start per second."""
+        if self.max_creates_per_second is None:
+            return
+        assert self._rate_lock is not None
+        async with self._rate_lock:
+            loop = asyncio.get_running_loop()
+            wait = self._next_create - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            self._next_create = (
+                max(loop.time(), self._next_create) + 1.0 / self.max_creates_per_second
+            )
+
+    @property
+    def created(self) -> int:
+        """Remote sandboxes created so far (a reused one counts once)."""
+        return self._created
 
     async def _discard(self, remote: Any) -> None:
         try:
@@ -218,11 +249,14 @@ class E2BSandbox(Sandbox):
                     log.warning(
                         "E2B job attempt %d/%d failed: %s", attempt + 1, self.retries, last_error
                     )
+                    self.retried += 1
                     if remote is not None:
                         await self._discard(remote)
-                    await asyncio.sleep(min(8.0, 0.5 * 2**attempt))
+                    if attempt + 1 < self.retries:  # jittered exponential backoff
+                        pause = min(8.0, self.backoff * 2**attempt)
+                        await asyncio.sleep(self._rng.uniform(0.5, 1.0) * pause)
         return JobResult.failed(
-            len(job.tests), Verdict.RUNTIME_ERROR, f"E2B unavailable: {last_error}"
+            len(job.tests), Verdict.INFRA_ERROR, f"E2B unavailable: {last_error}"
         )
 
     @staticmethod
@@ -241,6 +275,7 @@ class E2BSandbox(Sandbox):
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(self.max_concurrency)
             self._create_gate = asyncio.Semaphore(self.max_parallel_creates)
+            self._rate_lock = asyncio.Lock()
             self._idle = asyncio.Queue()
         return list(await asyncio.gather(*(self._run_job(job) for job in jobs)))
 

@@ -268,7 +268,7 @@ class LocalSandbox(Sandbox):
                 handle = self._workers[index] or self._start_worker(index)
             except WorkerCrashed as err:
                 return JobResult.failed(
-                    len(job.tests), Verdict.RUNTIME_ERROR, f"sandbox worker did not start: {err}"
+                    len(job.tests), Verdict.INFRA_ERROR, f"sandbox worker did not start: {err}"
                 )
             try:
                 reply = handle.request(payload, max(0.0, deadline - time.monotonic()))
@@ -279,12 +279,12 @@ class LocalSandbox(Sandbox):
                 self._workers[index] = None
                 if attempt == 1 or deadline - time.monotonic() < bound:
                     return JobResult.failed(
-                        len(job.tests), Verdict.RUNTIME_ERROR, f"sandbox worker crashed: {err}"
+                        len(job.tests), Verdict.INFRA_ERROR, f"sandbox worker crashed: {err}"
                     )
                 continue
             if "error" in reply:
                 return JobResult.failed(
-                    len(job.tests), Verdict.RUNTIME_ERROR, f"sandbox error: {reply['error']}"
+                    len(job.tests), Verdict.INFRA_ERROR, f"sandbox error: {reply['error']}"
                 )
             rows = [None if r is None else ResultRow.from_dict(r) for r in reply["results"]]
             return results_from_rows(rows, len(job.tests), "not reported by the sandbox")

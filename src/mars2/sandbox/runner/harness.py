@@ -46,6 +46,8 @@ OUTPUT_LIMIT = "output_limit"
 COMPILE_ERROR = "compile_error"
 SKIPPED = "skipped"
 OVERLOADED = "overloaded"
+# A fault of ours, not of the answer (worker killed, sandbox creation failed): never a wrong answer.
+INFRA_ERROR = "infra_error"
 
 # How a test ended, as the harness reports it ("status"); the judge turns it into a verdict.
 OK = "ok"

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from mars2.data.problem import Problem, TestCase, TestKind
-from mars2.sandbox.base import Job, JobResult, Sandbox, TestResult, Verdict
+from mars2.sandbox.base import Job, JobResult, Sandbox, TestResult
 from mars2.sandbox.records import Grade, TestFeedback
 from mars2.sandbox.verdict.compare import DEFAULT_PROFILE, clip, get_profile
 from mars2.sandbox.verdict.extract import extract_code
@@ -44,10 +44,6 @@ def _feedback(tests: Sequence[TestCase], results: Sequence[TestResult]) -> list[
         )
         for t, r in zip(tests, results, strict=True)
     ]
-
-
-def _overloaded(result: JobResult) -> bool:
-    return any(t.verdict is Verdict.OVERLOADED for t in result.tests)
 
 
 def reward_from(result: JobResult, kind: RewardKind) -> float:
@@ -150,19 +146,22 @@ class Grader:
         return prof.job_wall_bound(per_test, n_tests, configured)
 
     def _run_with_retry(self, jobs: list[Job]) -> list[JobResult]:
-        """Run the batch; jobs with a test starved by machine load (`overloaded`, which says
-        nothing about the answer) run once more, so that load does not turn into a zero reward."""
+        """Run the batch; jobs whose result says nothing about the answer (a test starved by
+        machine load, `overloaded`, or an infrastructure error such as a killed worker) run once
+        more, so that our faults do not turn into a zero reward. What is still such a result
+        after that is marked on its grade (`Grade.infra_error`), never graded wrong."""
         results = self.sandbox.run_batch(jobs) if jobs else []
-        starved = [i for i, r in enumerate(results) if _overloaded(r)]
+        starved = [i for i, r in enumerate(results) if r.infra_error]
         if starved:
             again = self.sandbox.run_batch([jobs[i] for i in starved])
             for index, result in zip(starved, again, strict=True):
                 results[index] = result
-            still = sum(_overloaded(r) for r in again)
+            still = sum(r.infra_error for r in again)
             if still:
                 log.warning(
-                    "%d of %d answers still had a test starved of CPU after a re-run: they count "
-                    "as failed; the machine is overloaded (fewer sandbox workers?)",
+                    "%d of %d answers still had an infrastructure error (a sandbox worker lost, "
+                    "or a test starved of CPU) after a re-run: they are left out of the rewards "
+                    "and counted as infra_errors; check the sandbox (fewer workers?)",
                     still,
                     len(jobs),
                 )
@@ -214,7 +213,8 @@ class Grader:
                 code=code,
                 public=_feedback(public, public_part),
                 private=_feedback(private, private_part),
-                reward=reward_from(counted, self.reward_kind),
-                passed=counted.all_passed,
+                reward=0.0 if result.infra_error else reward_from(counted, self.reward_kind),
+                passed=False if result.infra_error else counted.all_passed,
+                infra_error=result.infra_error,
             )
         return grades
