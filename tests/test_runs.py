@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 
 from mars2.training.checkpoint import AtomicModelCheckpoint
 from mars2.utils.atomic import WriteError, atomic_write_text
-from mars2.utils.runs import RunFolderError, choose_run_dir, latest_checkpoint
+from mars2.utils.runs import RunFolderError, choose_run_dir, latest_checkpoint, resumable_run
 from mars2.utils.tracking import metric_key
 from mars2.utils.validation import (
     ConfigError,
@@ -273,31 +273,31 @@ def test_run_folder_choice(tmp_path: Path) -> None:
     assert choose_run_dir("eval", ckpt, False, str(root), fresh) == fresh  # eval gets its own
     with pytest.raises(RunFolderError, match="no such checkpoint"):
         choose_run_dir("train", str(run / "nope.ckpt"), False, str(root), fresh)
-    with pytest.raises(RunFolderError, match="found no run under"):
+    with pytest.raises(RunFolderError, match="found no run with a checkpoint under"):
         choose_run_dir("train", None, True, str(tmp_path / "empty"), fresh)
 
 
-def test_train_resume_takes_the_newest_run_even_without_a_checkpoint(tmp_path: Path) -> None:
-    """Stopped before its first checkpoint, the newest run is resumed (from step 0, in its own
-    folder), never an older finished one."""
-    from omegaconf import OmegaConf
-
-    from mars2.utils.runs import resolve_checkpoint
-
+def test_train_resume_skips_runs_without_a_checkpoint(tmp_path: Path) -> None:
+    """A newer attempt that failed or was stopped before its first checkpoint is skipped (and
+    named), never trained from step 0: resume=true takes the newest run that has a checkpoint;
+    with none, or resume=<that folder>, it is refused."""
     root = tmp_path / "runs"
     finished = root / "2026-01-01_00-00-00"
     (finished / "checkpoints").mkdir(parents=True)
     (finished / "checkpoints" / "last.ckpt").write_bytes(b"x")
     os.utime(finished / "checkpoints" / "last.ckpt", (1_000_000, 1_000_000))
     os.utime(finished, (1_000_000, 1_000_000))
-    interrupted = root / "2026-01-02_00-00-00"
-    (interrupted / ".hydra").mkdir(parents=True)
-    (interrupted / ".hydra" / "config.yaml").write_text("{}")
-    (interrupted / "trees").mkdir()
-    chosen = choose_run_dir("train", None, True, str(root), str(root / "new"))
-    assert chosen == str(interrupted)
-    cfg = OmegaConf.create({"resume": True, "ckpt_path": None, "paths": {"output_dir": chosen}})
-    assert resolve_checkpoint(cfg) is None  # restarts from step 0 rather than failing
+    failed = root / "2026-01-02_00-00-00"
+    (failed / ".hydra").mkdir(parents=True)
+    (failed / ".hydra" / "config.yaml").write_text("{}")
+    (failed / "trees").mkdir()
+    assert choose_run_dir("train", None, True, str(root), str(root / "new")) == str(finished)
+    assert resumable_run(root) == (finished, [failed])
+    with pytest.raises(RunFolderError, match="has no checkpoint"):
+        choose_run_dir("train", None, str(failed), str(root), str(root / "new"))
+    (finished / "checkpoints" / "last.ckpt").unlink()
+    with pytest.raises(RunFolderError, match=r"no run with a checkpoint.*2026-01-02_00-00-00"):
+        choose_run_dir("train", None, True, str(root), str(root / "new"))
 
 
 def test_eval_resume_only_reuses_a_run_with_the_same_record(tmp_path: Path) -> None:

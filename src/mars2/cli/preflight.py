@@ -40,8 +40,11 @@ STRUCTURED = (
 _SPECIAL = {"_target_", "_partial_", "_convert_", "_recursive_", "_args_"}
 # Flags after which Hydra does something else than run the job (or takes the config elsewhere).
 _SKIP = {"--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc",
-         "--multirun", "-m", "--experimental-rerun", "--config-name", "-cn", "--config-path",
+         "--experimental-rerun", "--config-name", "-cn", "--config-path",
          "-cp", "--version"}  # fmt: skip
+_MULTIRUN = {"--multirun", "-m"}
+# A sweep's jobs checked before the first starts (each check is cheap: problem sets are cached).
+MAX_SWEEP_CHECKS = 64
 _WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-dir", "-cd", "--info", "-i"}
 
 
@@ -69,21 +72,76 @@ def preflight(task: str, argv: list[str]) -> None:
             return  # both ways of adding a config dir at once: leave it to Hydra
         overrides = [*overrides, f"hydra.searchpath=[file://{config_dir}]"]
     with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
-        cfg = _compose(task, overrides)
-        check_additions(task, overrides)
-        if "--cfg" in flags or "-c" in flags:
-            return  # prints the config only: no folder, no run
-        folder = run_dir(cfg)
-        if task == "train":
-            from mars2.training.run import check_train
-
-            check_train(cfg)
+        if _MULTIRUN & flags.keys():
+            for job in sweep_jobs(overrides):  # every job of the sweep, before the first starts
+                _check_job(task, job, flags, multirun=True)
         else:
-            from mars2.eval.run import check_eval
+            _check_job(task, overrides, flags, multirun=False)
 
-            check_eval(cfg)
-            if Path(folder).is_dir():  # hydra.run.dir=<an earlier evaluation>: same settings only
-                check_eval_folder(folder, eval_record(cfg), "hydra.run.dir")
+
+def sweep_jobs(overrides: list[str]) -> list[list[str]]:
+    """The override lists of a ``-m`` sweep's jobs (Hydra's basic sweeper's expansion), at most
+    `MAX_SWEEP_CHECKS` of them."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except OverrideParseException as error:
+        first = str(error).strip().splitlines()[0]
+        raise CommandLineError(f"cannot read the override: {first}.") from error
+    sweeper = [o for o in parsed if o.key_or_group.startswith("hydra.sweeper")]
+    if sweeper:  # another sweeper (optuna, ...) picks the values: check the base config only
+        return [[o.input_line for o in parsed if not o.is_sweep_override() and o.input_line]]
+    jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    return jobs[:MAX_SWEEP_CHECKS]
+
+
+def _check_job(
+    task: str, overrides: list[str], flags: dict[str, str | None], multirun: bool
+) -> None:
+    cfg = _compose(task, overrides)
+    check_additions(task, overrides)
+    shown = flags.get("--cfg") or flags.get("-c")
+    if shown is not None or "--cfg" in flags or "-c" in flags:
+        if shown == "hydra" and "--resolve" in flags and not multirun:
+            # Hydra resolves its own block detached from the job's config, where
+            # hydra.run.dir's ${task_name} and ${paths.log_dir} do not exist: print it here.
+            print(OmegaConf.to_yaml(_resolved(cfg.hydra)), end="")
+            raise SystemExit(0)
+        return  # prints the config only: no folder, no run
+    folder = "" if multirun else run_dir(cfg)  # a sweep's jobs write under hydra.sweep.dir
+    if task == "train":
+        from mars2.training.run import check_train
+
+        check_train(cfg)
+        return
+    from mars2.eval.run import check_eval
+
+    check_eval(cfg)
+    if folder and Path(folder).is_dir():  # hydra.run.dir=<an earlier evaluation>: same settings
+        check_eval_folder(folder, eval_record(cfg), "hydra.run.dir")
+
+
+def _resolved(node: DictConfig) -> DictConfig:
+    """`node` with each value resolved where it can be (Hydra's runtime values, set only once a
+    job starts, are left as they are)."""
+    out: dict[str, Any] = {}
+    for key in node:
+        try:
+            value = node[key]
+        except OmegaConfBaseException:
+            out[str(key)] = node._get_node(key)._value()  # type: ignore[union-attr]
+            continue
+        out[str(key)] = (
+            _resolved(value)
+            if isinstance(value, DictConfig)
+            else (
+                OmegaConf.to_container(value, resolve=False)
+                if OmegaConf.is_config(value)
+                else value
+            )
+        )
+    return OmegaConf.create(out)
 
 
 def _compose(task: str, overrides: list[str]) -> DictConfig:

@@ -24,6 +24,7 @@ from mars2.search.runner import SearchConfig
 from mars2.search.tree import load_trees
 from mars2.training.members import team_members
 from mars2.training.team_module import MultiAgentModule
+from mars2.utils.environment import check_environment
 from mars2.utils.logs import one_line_per_message, quiet_libraries
 from mars2.utils.runs import check_eval_folder, eval_record, matching_eval_run, write_record
 from mars2.utils.tracking import tracked, tracker_lines
@@ -93,6 +94,10 @@ def run_evaluation(
 def check_eval(cfg: DictConfig) -> list[Any]:
     """Everything an evaluation checks before it loads a model (the command line runs this
     before it creates the run folder); returns the problems it will evaluate."""
+    resolved = check_environment(cfg, "eval")  # backends, the data file, ckpt_path
+    if resolved is not None:  # ckpt_path=<run folder>: its newest checkpoint
+        log.info("ckpt_path=%s: evaluating its checkpoint %s", cfg.ckpt_path, resolved)
+        cfg.ckpt_path = resolved
     problems = validate_eval_config(cfg)
     if uses_reference(cfg):
         try:

@@ -30,10 +30,18 @@ from mars2.training.progress import warm_start_bar
 from mars2.training.rollout import RolloutEngine
 from mars2.training.team_module import MultiAgentModule
 from mars2.training.warm_start import WarmStartConfig, warm_start
+from mars2.utils.environment import check_environment
 from mars2.utils.logs import one_line_per_message, quiet_libraries
-from mars2.utils.runs import CHECKPOINT_DIR, latest_checkpoint, resolve_checkpoint
+from mars2.utils.runs import (
+    CHECKPOINT_DIR,
+    RunFolderError,
+    latest_checkpoint,
+    resolve_checkpoint,
+    resumable_run,
+    truthy,
+)
 from mars2.utils.tracking import tracker_lines
-from mars2.utils.validation import validate_train_config
+from mars2.utils.validation import ConfigError, validate_train_config
 
 log = logging.getLogger(__name__)
 
@@ -117,12 +125,45 @@ def build_rollout(cfg: DictConfig, grader: Any) -> RolloutEngine:
 def build_run(cfg: DictConfig) -> tuple[Any, TreeSearchDataModule, pl.Trainer, Any]:
     """(team module, datamodule, trainer, sandbox) for a training config."""
     pl.seed_everything(cfg.seed, workers=True)
+    sandbox = build_sandbox(cfg)  # first: a sandbox that cannot start fails before any model loads
+    try:
+        check_sandbox(sandbox)
+        return _build_run(cfg, sandbox)
+    except BaseException:
+        sandbox.close()
+        raise
+
+
+def check_sandbox(sandbox: Any) -> None:
+    """Run one job through the real sandbox (its container included): a sandbox that cannot run
+    code stops the run here, in one paragraph, rather than after the warm start."""
+    from mars2.sandbox.base import Job
+
+    try:
+        (result,) = sandbox.run_batch([Job(_PROBE_CODE, "stdin", [{"input": "1", "output": "2"}])])
+    except Exception as error:
+        raise ConfigError(
+            f"the sandbox ({type(sandbox).__name__}) could not run one test job: {error}. Check "
+            "`sandbox.*` (see docs/sandbox.md); sandbox.isolation=best_effort runs without the "
+            "parts of the container this machine lacks."
+        ) from error
+    if not result.all_passed:
+        said = "; ".join(f"{t.verdict.name}: {t.stderr[-200:]}".strip() for t in result.tests)
+        raise ConfigError(
+            f"the sandbox ({type(sandbox).__name__}) ran a test job that must pass, and it did "
+            f"not ({said or 'no verdict'}). Check `sandbox.*` (see docs/sandbox.md)."
+        )
+
+
+_PROBE_CODE = "print(int(input()) + 1)"
+
+
+def _build_run(cfg: DictConfig, sandbox: Any) -> tuple[Any, TreeSearchDataModule, pl.Trainer, Any]:
     agents = build_agents(cfg)
     logger = build_logger(cfg)  # after the models load: a bad model path leaves no MLflow run
     if warm_start_needed(cfg):
         run_warm_start(cfg, agents, logger)
     module: Any = MultiAgentModule(agents)
-    sandbox = build_sandbox(cfg)
     datamodule = TreeSearchDataModule(build_rollout(cfg, build_grader(cfg, sandbox)), cfg.steps)
     trainer = hydra.utils.instantiate(
         cfg.trainer, callbacks=build_callbacks(cfg), logger=logger, _convert_="all"
@@ -135,6 +176,7 @@ def build_run(cfg: DictConfig) -> tuple[Any, TreeSearchDataModule, pl.Trainer, A
 def check_train(cfg: DictConfig) -> None:
     """Everything a training run checks before it loads a model (the command line runs this
     before it creates the run folder)."""
+    check_environment(cfg, "train")  # the accelerator, backends, data files, ckpt_path
     check_memory(cfg)  # refuses a GPU run that cannot fit, before anything is loaded
     validate_train_config(cfg)
 
@@ -147,8 +189,17 @@ def train(cfg: DictConfig) -> dict[str, float]:
     print(f"Run folder: {out}", flush=True)
     check_train(cfg)
     cfg.ckpt_path = resolve_checkpoint(cfg)  # resume=true: the run folder's newest checkpoint
-    if cfg.get("resume") and not cfg.ckpt_path:
-        log.info("resume: %s has no checkpoint yet; training it again from step 0", out)
+    if truthy(cfg.get("resume")) and not cfg.ckpt_path:  # its checkpoints went since the check
+        raise RunFolderError(
+            f"resume: {out} has no checkpoint; nothing to resume. Start a fresh run without resume."
+        )
+    if str(cfg.get("resume")).strip().lower() == "true":
+        _, skipped = resumable_run(out.parent)
+        if skipped:
+            log.info(
+                "resume=true: skipped %s (no checkpoint: stopped or failed before their first "
+                "one); continuing %s", ", ".join(f.name for f in skipped), out.name,
+            )  # fmt: skip
     module, datamodule, trainer, sandbox = build_run(cfg)
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
