@@ -132,3 +132,18 @@ def test_the_real_sandbox_passes_its_probe() -> None:
 
     with LocalSandbox(num_workers=1, per_test_timeout=2.0) as box:
         check_sandbox(box)
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["agents.tiny_lama.loss.variant=dapo"], "no agent 'tiny_lama' in this experiment; did you mean agents.tiny_llama?"),
+        (["generation.backend=vllm"], "generation is a per-agent setting: set it for each agent (agents.tiny_qwen3.generation.backend"),
+        (["tiny_pair"], "did you mean experiment=tiny_pair?"),
+    ],
+)  # fmt: skip
+def test_unknown_agents_and_bare_words_name_the_fix(argv: list[str], said: str) -> None:
+    base = [] if argv == ["tiny_pair"] else ["experiment=tiny_pair"]
+    with pytest.raises(user_errors()) as caught:
+        preflight("train", [*base, *argv])
+    assert said in str(caught.value)

@@ -149,6 +149,9 @@ def _compose(task: str, overrides: list[str]) -> DictConfig:
         return compose(config_name=task, overrides=overrides, return_hydra_config=True)
     except OverrideParseException as error:
         first = str(error).strip().splitlines()[0]
+        bare = [o for o in overrides if re.fullmatch(r"[A-Za-z_][\w-]*", o)]
+        if bare:
+            raise CommandLineError(_bare_word(bare[0])) from error
         raise CommandLineError(
             f"cannot read the override: {first} (override syntax: "
             "https://hydra.cc/docs/advanced/override_grammar/basic/)."
@@ -162,6 +165,26 @@ def _compose(task: str, overrides: list[str]) -> DictConfig:
         if "Got NoneType" in str(error):
             hint = "; a config group cannot be null: drop it with ~<group>, e.g. ~logger"
         raise CommandLineError(f"{str(error).strip()}{hint}.") from error
+
+
+def _bare_word(word: str) -> str:
+    """`mars2-train tiny_pair`: a word without `key=`; name the group it belongs to."""
+    loader = GlobalHydra.instance().config_loader()
+    groups = [g for g in ("experiment", "data", "agent", "trainer", "search", "sandbox", "logger",
+                          "debug") if word in loader.get_group_options(g)]  # fmt: skip
+    if groups:
+        return (
+            f"{word}: every setting is key=value; did you mean {groups[0]}={word}? "
+            f"(e.g. mars2-train {groups[0]}={word})"
+        )
+    options = loader.get_group_options("experiment")
+    near = difflib.get_close_matches(word, options, n=1)
+    hint = (
+        f"; did you mean experiment={near[0]}?"
+        if near
+        else f" (experiments: {', '.join(options)})."
+    )
+    return f"{word}: every setting is key=value, e.g. experiment=tiny_pair{hint}"
 
 
 def _unknown_option(message: str) -> str:
@@ -193,6 +216,9 @@ def _composition_error(task: str, overrides: list[str], message: str) -> str:
     parent, _, name = key.rpartition(".")
     node = OmegaConf.select(base, parent) if parent else base
     if not isinstance(node, DictConfig):
+        missing = _missing_block(base, key)
+        if missing is not None:
+            return missing
         return f"{key}: {parent or 'the config'} is not a block of settings, so it has no {name!r}."
     keys, free = _valid_keys(node, top=parent in STRUCTURED or not parent)
     where = parent or "the config"
@@ -205,6 +231,47 @@ def _composition_error(task: str, overrides: list[str], message: str) -> str:
     if free or name in keys:
         return f"{key}: {where} has no {name!r} yet; add it with +{key}=... ({where} takes it)."
     return f"{key}: {where} has no setting {name!r}; its settings: {_listed(keys)}."
+
+
+def _missing_block(base: DictConfig, key: str) -> str | None:
+    """The message for a key whose path names a block that does not exist (an unknown agent, a
+    per-agent setting written at the top level), or None when every block on the path exists."""
+    parts = key.split(".")
+    node: Any = base
+    for depth, part in enumerate(parts[:-1]):
+        child = node.get(part) if isinstance(node, DictConfig) else None
+        if isinstance(child, DictConfig):
+            node = child
+            continue
+        if child is not None or not isinstance(node, DictConfig):
+            return None  # a value, not a missing block
+        where = ".".join(parts[:depth])
+        if where == "agents":
+            names = sorted(str(k) for k in node)
+            near = difflib.get_close_matches(part, names, n=1)
+            hint = f"; did you mean agents.{near[0]}?" if near else "."
+            return (
+                f"{key}: there is no agent {part!r} in this experiment{hint} Its agents: "
+                f"{', '.join(names)}. Agents come from the experiment (experiment=...) or the "
+                "agent list (agent=[a,b]); each selected file becomes agents.<name>."
+            )
+        agents = base.get("agents")
+        rest = ".".join(parts[depth:])
+        if not where and isinstance(agents, DictConfig) and any(
+            OmegaConf.select(a, rest, default=None) is not None or part in a
+            for a in agents.values()
+        ):  # fmt: skip
+            agent_names = [str(n) for n in agents]
+            listed = ", ".join(f"agents.{n}.{rest}" for n in agent_names)
+            return (
+                f"{key}: {part} is a per-agent setting: set it for each agent ({listed}), e.g. "
+                f"agents.{agent_names[0]}.{rest}=<value>."
+            )
+        keys = sorted(str(k) for k in node)
+        near = difflib.get_close_matches(part, keys, n=1)
+        hint = f"; did you mean {_join(where, near[0])}?" if near else "."
+        return f"{key}: {where or 'the config'} has no block {part!r}{hint}"
+    return None
 
 
 def _override_key(override: str) -> str:
