@@ -627,3 +627,36 @@ def test_compiling_graded_code_prints_no_warnings() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # any warning escaping to the console fails the test
         assert extract_code(answer) == "import re\nprint(re.findall('\\d+', input()))\n"
+
+
+def test_a_run_that_fails_or_is_stopped_while_built_is_closed_truthfully(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Params are logged before anything that can fail; an exception while the run is built
+    (warm start included) ends it FAILED, SIGTERM ends it KILLED; the launch command is kept and
+    each resume's command is appended."""
+    from mars2.utils.tracking import closed_on_failure
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    monkeypatch.setattr(sys, "argv", ["mars2-train", "experiment=tiny_pair"])
+    first = _tracker(tmp_path, run_dir)
+    first.log_hyperparams({"seed": 1})
+    with pytest.raises(RuntimeError), closed_on_failure(first):
+        raise RuntimeError("No supported gpu backend found!")
+    client = first.experiment
+    run = client.get_run(first.run_id)
+    assert run.info.status == "FAILED" and run.data.params == {"seed": "1"}
+
+    monkeypatch.setattr(sys, "argv", ["mars2-train", "experiment=tiny_pair", "resume=true"])
+    again = _tracker(tmp_path, run_dir)
+    again.log_hyperparams({"seed": 1})  # as build_run does, before the warm start
+    assert client.get_run(first.run_id).info.status == "RUNNING"
+    with pytest.raises(SystemExit) as stop, closed_on_failure(again):
+        os.kill(os.getpid(), signal.SIGTERM)  # during the warm start
+        time.sleep(5)
+    assert stop.value.code == 143
+    run = client.get_run(first.run_id)
+    assert run.info.status == "KILLED"
+    assert run.data.tags["mars2.command"] == "mars2-train experiment=tiny_pair"
+    assert run.data.tags["mars2.command_resume_1"] == "mars2-train experiment=tiny_pair resume=true"

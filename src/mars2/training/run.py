@@ -40,7 +40,7 @@ from mars2.utils.runs import (
     resumable_run,
     truthy,
 )
-from mars2.utils.tracking import tracker_lines
+from mars2.utils.tracking import closed_on_failure, set_run_tag, tracker_lines
 from mars2.utils.validation import ConfigError, validate_train_config
 
 log = logging.getLogger(__name__)
@@ -161,15 +161,16 @@ _PROBE_CODE = "print(int(input()) + 1)"
 def _build_run(cfg: DictConfig, sandbox: Any) -> tuple[Any, TreeSearchDataModule, pl.Trainer, Any]:
     agents = build_agents(cfg)
     logger = build_logger(cfg)  # after the models load: a bad model path leaves no MLflow run
-    if warm_start_needed(cfg):
-        run_warm_start(cfg, agents, logger)
-    module: Any = MultiAgentModule(agents)
-    datamodule = TreeSearchDataModule(build_rollout(cfg, build_grader(cfg, sandbox)), cfg.steps)
-    trainer = hydra.utils.instantiate(
-        cfg.trainer, callbacks=build_callbacks(cfg), logger=logger, _convert_="all"
-    )
     if logger:
-        logger.log_hyperparams(flat_params(cfg))
+        logger.log_hyperparams(flat_params(cfg))  # first: a run that fails below has its params
+    with closed_on_failure(logger):  # FAILED on an exception, KILLED on SIGTERM / Ctrl-C
+        if warm_start_needed(cfg):
+            run_warm_start(cfg, agents, logger)
+        module: Any = MultiAgentModule(agents)
+        datamodule = TreeSearchDataModule(build_rollout(cfg, build_grader(cfg, sandbox)), cfg.steps)
+        trainer = hydra.utils.instantiate(
+            cfg.trainer, callbacks=build_callbacks(cfg), logger=logger, _convert_="all"
+        )
     return module, datamodule, trainer, sandbox
 
 
@@ -204,6 +205,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
     except SystemExit as stop:  # Ctrl-C and SIGTERM end here, after the callbacks saved the step
+        set_run_tag(trainer.logger, "mars2.stopped_at_step", str(trainer.global_step))
         print(f"Stopped at step {trainer.global_step}. {written(out, trainer)}", flush=True)
         print("Continue this run with resume=true (the newest run of the experiment).", flush=True)
         if stop.code in (

@@ -81,7 +81,9 @@ EVAL_RECORD = "eval_record.json"
 # out.
 RECORD_KEYS = ("seed", "eval", "data.eval", "generation", "search.config", "grader", "sandbox")
 _AGENT_RECORD_PARTS = ("model", "generation")
-_NOT_RESULTS = {"sandbox.num_workers", "search.config.max_nodes"}
+_NOT_RESULTS = {
+    "sandbox.num_workers", "search.config.max_nodes", "eval.allow_untrained", "eval.tree_pages"
+}  # fmt: skip
 _FINGERPRINT_BYTES = 1 << 20
 
 
