@@ -261,7 +261,9 @@ def test_eval_cli_end_to_end_on_humaneval_with_tiny_models(
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    summaries = {s["name"]: s for s in json.loads((tmp_path / "results.json").read_text())}
+    summaries = {
+        s["name"]: s for s in json.loads((tmp_path / "results.json").read_text())["settings"]
+    }
     assert set(summaries) == {
         "tiny_qwen3",
         "tiny_qwen3+tree",
