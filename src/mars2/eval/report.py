@@ -66,5 +66,7 @@ def log_to_mlflow(summaries: Sequence[Summary], logger: Any, files: Sequence[Pat
     (`team+tree/pass@1(mcts)` -> `team_tree/pass_at_1_mcts`), report files as artifacts."""
     metrics = {metric_key(f"{s.name}/{m}"): v for s in summaries for m, v in s.metrics.items()}
     logger.log_metrics(metrics, step=0)
+    if not hasattr(logger, "run_id"):  # TensorBoard, W&B, CSV: the files stay in the run folder
+        return
     for path in files:
         logger.experiment.log_artifact(logger.run_id, str(path))

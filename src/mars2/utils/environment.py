@@ -19,6 +19,11 @@ from mars2.utils.validation import ConfigError
 _GPU_ACCELERATORS = {"gpu", "cuda"}
 # The packages each generation backend imports (beyond the core install).
 _BACKEND_PACKAGES = {"vllm": ("vllm",)}
+# Lightning loggers whose packages are optional: (any one of these imports, what to install).
+_LOGGER_PACKAGES = {
+    "TensorBoardLogger": (("tensorboard", "tensorboardX"), "pip install '.[tensorboard]'"),
+    "WandbLogger": (("wandb",), "pip install '.[wandb]' (then wandb login, or WANDB_MODE=offline)"),
+}
 
 
 def check_accelerator(cfg: DictConfig) -> None:
@@ -50,6 +55,23 @@ def check_backends(cfg: DictConfig) -> None:
                     f"which this Python does not have: pip install '.[gpu]' (GPU machines), or "
                     f"use agents.{name}.generation.backend=transformers."
                 )
+
+
+def check_logger(cfg: DictConfig) -> None:
+    """The configured logger's package imports (logger=tensorboard, logger=wandb)."""
+    logger = cfg.get("logger")
+    target = str(logger.get("_target_", "")) if isinstance(logger, DictConfig) else ""
+    needed = _LOGGER_PACKAGES.get(target.rsplit(".", 1)[-1])
+    if needed is None:
+        return
+    packages, install = needed
+    if any(importlib.util.find_spec(p) is not None for p in packages):
+        return
+    raise ConfigError(
+        f"the logger {target.rsplit('.', 1)[-1]} ({target}) needs {' or '.join(packages)}, which "
+        f"this Python does not have: {install}; or use logger=mlflow (the default), logger=csv "
+        "or ~logger."
+    )
 
 
 def check_data_files(cfg: DictConfig, parts: tuple[str, ...]) -> None:
@@ -139,5 +161,6 @@ def check_environment(cfg: DictConfig, task: str) -> Any:
     if task == "train":
         check_accelerator(cfg)
     check_backends(cfg)
+    check_logger(cfg)
     check_data_files(cfg, ("train", "warm_start") if task == "train" else ("eval",))
     return check_checkpoint(cfg, task)
