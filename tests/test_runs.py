@@ -660,3 +660,16 @@ def test_a_run_that_fails_or_is_stopped_while_built_is_closed_truthfully(
     assert run.info.status == "KILLED"
     assert run.data.tags["mars2.command"] == "mars2-train experiment=tiny_pair"
     assert run.data.tags["mars2.command_resume_1"] == "mars2-train experiment=tiny_pair resume=true"
+
+
+def test_the_final_block_names_the_eval_command_of_its_checkpoint(tmp_path: Path) -> None:
+    from omegaconf import OmegaConf
+
+    from mars2.training.run import eval_command
+
+    cfg = OmegaConf.create({"experiment_name": "tiny_pair"})
+    assert eval_command(cfg, tmp_path) is None  # no checkpoint: nothing to evaluate
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert eval_command(cfg, tmp_path) == f"mars2-eval experiment=tiny_pair ckpt_path={last}"

@@ -229,7 +229,35 @@ def train(cfg: DictConfig) -> dict[str, float]:
         {k: round(v, 4) for k, v in metrics.items() if "/" not in k},
     )
     print(written(out, trainer), flush=True)
+    command = eval_command(cfg, out)
+    if command:
+        print(f"Evaluate it:\n  {command}", flush=True)
     return metrics
+
+
+# Overrides an evaluation must repeat to build the same agents as the training run.
+_AGENT_OVERRIDES = ("experiment=", "agent=", "agents.", "+agents.", "paths.")
+
+
+def eval_command(cfg: DictConfig, out: Path) -> str | None:
+    """The `mars2-eval` command for this run's newest checkpoint, with the overrides that chose
+    its agents (None without a checkpoint)."""
+    last = latest_checkpoint(out)
+    if last is None:
+        return None
+    overrides: list[str] = []
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():
+            overrides = [
+                o for o in HydraConfig.get().overrides.task if o.startswith(_AGENT_OVERRIDES)
+            ]
+    except (ImportError, ValueError):
+        pass
+    if not any(o.startswith("experiment=") for o in overrides):
+        overrides.insert(0, f"experiment={cfg.get('experiment_name')}")
+    return " ".join(["mars2-eval", *overrides, f"ckpt_path={last}"])
 
 
 def written(out: Path, trainer: Any = None) -> str:
