@@ -147,3 +147,13 @@ def test_unknown_agents_and_bare_words_name_the_fix(argv: list[str], said: str) 
     with pytest.raises(user_errors()) as caught:
         preflight("train", [*base, *argv])
     assert said in str(caught.value)
+
+
+def test_eval_without_a_checkpoint_refuses_unless_untrained_is_asked_for(tmp_path: Path) -> None:
+    argv = [*BASE, "data=humaneval", "eval.limit=1", f"paths.log_dir={tmp_path}"]
+    with pytest.raises(user_errors(), match=r"eval\.allow_untrained=true") as caught:
+        preflight("eval", argv)
+    assert "tiny_qwen3" in str(caught.value) and "ckpt_path=<run folder>" in str(caught.value)
+    preflight("eval", [*argv, "eval.allow_untrained=true"])  # a baseline on purpose
+    preflight("eval", [*argv, "generation.backend=reference"])  # no weights are scored
+    assert not list(tmp_path.iterdir())

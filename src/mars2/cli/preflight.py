@@ -115,9 +115,10 @@ def _check_job(
 
         check_train(cfg)
         return
-    from mars2.eval.run import check_eval
+    from mars2.eval.run import check_eval, check_trained
 
     check_eval(cfg)
+    check_trained(cfg)  # the command line refuses untrained agents (eval.allow_untrained=true)
     if folder and Path(folder).is_dir():  # hydra.run.dir=<an earlier evaluation>: same settings
         check_eval_folder(folder, eval_record(cfg), "hydra.run.dir")
 

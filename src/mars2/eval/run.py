@@ -109,6 +109,33 @@ def check_eval(cfg: DictConfig) -> list[Any]:
     return problems
 
 
+def untrained(cfg: DictConfig) -> list[str]:
+    """The agents an evaluation would score with their initial weights: all of them without
+    `ckpt_path` (reference answers aside), except those loaded from a training run's agents/
+    export (``agents.<name>.model.path=<run>/agents/<name>``)."""
+    if cfg.get("ckpt_path") or uses_reference(cfg):
+        return []
+    return [
+        str(name)
+        for name, agent in (cfg.get("agents") or {}).items()
+        if Path(str((agent.get("model") or {}).get("path", ""))).parent.name != "agents"
+    ]
+
+
+def check_trained(cfg: DictConfig) -> None:
+    """Refuse to score untrained agents unless `eval.allow_untrained=true` (a baseline): a
+    forgotten ckpt_path would otherwise report the initial weights as the run's results."""
+    names = untrained(cfg)
+    if not names or bool((cfg.get("eval") or {}).get("allow_untrained", False)):
+        return
+    raise ConfigError(
+        f"no ckpt_path: this would evaluate {', '.join(names)} with their initial weights, not a "
+        "training run's. Pass ckpt_path=<run folder> (its newest checkpoint) or "
+        "ckpt_path=<run folder>/checkpoints/last.ckpt; for an untrained baseline on purpose, "
+        "add eval.allow_untrained=true."
+    )
+
+
 def evaluate(cfg: DictConfig) -> list[Summary]:
     """Validate, build, run, report. Rerunning into the same output dir (`resume=true` or the
     same `hydra.run.dir`) keeps what is finished and redoes the rest exactly; a folder whose
@@ -145,7 +172,10 @@ def evaluate(cfg: DictConfig) -> list[Summary]:
             team_trees = sorted((out / "trees" / "team").glob("*.jsonl"), key=_natural) or sorted(
                 (out / "trees").glob("*/*.jsonl"), key=_natural
             )
-            trees = [t for path in team_trees[:8] for t in load_trees(path)]
+            chosen = (
+                team_trees if settings.tree_pages is None else team_trees[: settings.tree_pages]
+            )
+            trees = [t for path in chosen for t in load_trees(path)]
             pages = write_tree_pages(trees, out / "tree_pages")
             if logger:
                 log_to_mlflow(summaries, logger, [*files.values(), *pages])

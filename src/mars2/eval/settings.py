@@ -22,7 +22,7 @@ class EvalSettings:
     tree_pages: int | None = None  # HTML pages of the team's trees, in problem order (None: all)
 
     def __post_init__(self) -> None:
-        for name in ("samples", "tree_budget", "limit", "chunk"):
+        for name in ("samples", "tree_budget", "limit", "chunk", "tree_pages"):
             value = getattr(self, name)
             if value is not None and (int(value) != value or value < 1):
                 raise ValueError(f"{name} must be an integer >= 1, got {value}")
