@@ -112,6 +112,7 @@ def train(first: Path, resumed: Path, device: str = "gpu") -> tuple[bool, str]:
 def evaluation(out: Path) -> tuple[bool, str]:
     """An eval run folder: it loaded `ckpt_path` (its log says so) and solved something."""
     results = json.loads((out / "results.json").read_text())
+    results = results["settings"] if isinstance(results, dict) else results
     scores = {}
     for setting in results:  # agents alone report pass@1, tree settings pass@1(mcts)
         metrics = setting["metrics"]

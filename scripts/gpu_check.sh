@@ -37,7 +37,7 @@
 #       timeout_s=220)
 # with less left: timeout_s = budget_left_s - 20 and LIMIT_CALIBRATE (LIMIT_EVAL) = timeout_s - 70.
 # Only some cases: CALIBRATE_ARGS="--shape qwen3-8b --mode full" bash scripts/gpu_check.sh ...
-# (python -m mars2.training.calibration --help). README.md, "Entry points", says the same.
+# (python -m mars2.training.calibration --help). docs/gpu.md says the same for a GPU machine of your own.
 #
 # Here (no GPU): --dry-run checks the wheels and prints each step's commands and the calibration's
 # predictions; --cpu rehearses every step on the CPU (trainer=cpu, the tiny shape calibrated: the

@@ -1,6 +1,6 @@
 """Does the team beat one agent? The CPU learning suite (offline, deterministic per seed).
 
-Task (``mars2.data.skills``, fixed before any team result; see the README's "Does it learn?"):
+Task (``mars2.data.skills``, fixed before any team result; see docs/learning.md):
 two-skill arithmetic. tiny_qwen3 is warm-started on the ``add`` skill (+ -), tiny_llama on the
 ``mul`` skill (* //), each with a glimpse (two problems per operator) of the other; RL training
 and held-out problems mix both skills and compositions that need both. Every warm start (once per seed) runs

@@ -219,7 +219,8 @@ def test_a_failure_after_the_folder_exists_leaves_no_empty_folder(tmp_path: Path
     assert "/nonexistent/model" in text
     assert text.splitlines()[0].startswith("Run folder: ")  # the folder was made, then removed
     evaluated = _run([_script("mars2-eval"), "experiment=tiny_pair", "eval.limit=1",
-                      "agents.tiny_llama.model.path=/nonexistent/model", f"paths.log_dir={logs}"],
+                      "eval.allow_untrained=true", "agents.tiny_llama.model.path=/nonexistent/model",
+                      f"paths.log_dir={logs}"],
                      tmp_path)  # fmt: skip
     assert "/nonexistent/model" in _refused(evaluated, logs)
     assert not (logs / "mlflow").exists()  # and no MLflow run was started for them

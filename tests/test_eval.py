@@ -255,13 +255,16 @@ def test_eval_cli_end_to_end_on_humaneval_with_tiny_models(
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MARS2_TINY_MODELS": str(tiny_models_dir)}
     command = [
         sys.executable, "-m", "mars2.cli.eval", "experiment=tiny_pair", "data=humaneval",
-        "eval.limit=2", "eval.samples=2", "eval.tree_budget=3", f"hydra.run.dir={tmp_path}",
+        "eval.limit=2", "eval.samples=2", "eval.tree_budget=3", "eval.allow_untrained=true",
+        f"hydra.run.dir={tmp_path}",
         f"paths.log_dir={tmp_path}/logs", "agents.tiny_qwen3.generation.max_new_tokens=24",
         "agents.tiny_llama.generation.max_new_tokens=24",
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    summaries = {s["name"]: s for s in json.loads((tmp_path / "results.json").read_text())}
+    summaries = {
+        s["name"]: s for s in json.loads((tmp_path / "results.json").read_text())["settings"]
+    }
     assert set(summaries) == {
         "tiny_qwen3",
         "tiny_qwen3+tree",

@@ -92,7 +92,12 @@ def test_reference_backend_scores_one_on_humaneval_and_describes_its_output(
     lines = result.stdout.strip().splitlines()
     folder = Path(lines[0].removeprefix("Run folder: "))
     assert lines[0].startswith("Run folder: ") and folder.is_dir()
-    summaries = json.loads((folder / "results.json").read_text())
+    report = json.loads((folder / "results.json").read_text())
+    summaries = report["settings"]
+    assert (
+        report["run"]["weights"] == "none (reference solutions)"
+        and report["run"]["dataset"] == "humaneval"
+    )
     assert {s["name"] for s in summaries} == {
         "tiny_qwen3", "tiny_llama", "tiny_qwen3+tree", "tiny_llama+tree", "team+tree"
     }  # fmt: skip
@@ -100,7 +105,7 @@ def test_reference_backend_scores_one_on_humaneval_and_describes_its_output(
         for metric, value in summary["metrics"].items():
             assert value == 1.0, (summary["name"], metric)
     # The table says what its numbers are of; the paths written come last.
-    assert any("20 problems of load_humaneval" in line and "n=4" in line and "60 nodes" in line
+    assert any("20 problems of humaneval" in line and "n=4" in line and "60 nodes" in line
                for line in lines)  # fmt: skip
     wrote = lines.index("Wrote:")
     assert all(str(folder) in line or "MLflow" in line for line in lines[wrote + 1 :])
@@ -113,7 +118,7 @@ def test_reference_backend_scores_one_on_humaneval_and_describes_its_output(
     client = MlflowClient(f"sqlite:///{tmp_path}/logs/mlflow/mlflow.db")
     experiment = client.get_experiment_by_name("mars2-eval")
     (run,) = client.search_runs([experiment.experiment_id])
-    assert run.info.run_name == f"eval/tiny_pair/{folder.name}"
+    assert run.info.run_name == f"eval/tiny_pair/{folder.name}/humaneval"
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 
 from mars2.training.checkpoint import AtomicModelCheckpoint
 from mars2.utils.atomic import WriteError, atomic_write_text
-from mars2.utils.runs import RunFolderError, choose_run_dir, latest_checkpoint
+from mars2.utils.runs import RunFolderError, choose_run_dir, latest_checkpoint, resumable_run
 from mars2.utils.tracking import metric_key
 from mars2.utils.validation import (
     ConfigError,
@@ -273,31 +273,31 @@ def test_run_folder_choice(tmp_path: Path) -> None:
     assert choose_run_dir("eval", ckpt, False, str(root), fresh) == fresh  # eval gets its own
     with pytest.raises(RunFolderError, match="no such checkpoint"):
         choose_run_dir("train", str(run / "nope.ckpt"), False, str(root), fresh)
-    with pytest.raises(RunFolderError, match="found no run under"):
+    with pytest.raises(RunFolderError, match="found no run with a checkpoint under"):
         choose_run_dir("train", None, True, str(tmp_path / "empty"), fresh)
 
 
-def test_train_resume_takes_the_newest_run_even_without_a_checkpoint(tmp_path: Path) -> None:
-    """Stopped before its first checkpoint, the newest run is resumed (from step 0, in its own
-    folder), never an older finished one."""
-    from omegaconf import OmegaConf
-
-    from mars2.utils.runs import resolve_checkpoint
-
+def test_train_resume_skips_runs_without_a_checkpoint(tmp_path: Path) -> None:
+    """A newer attempt that failed or was stopped before its first checkpoint is skipped (and
+    named), never trained from step 0: resume=true takes the newest run that has a checkpoint;
+    with none, or resume=<that folder>, it is refused."""
     root = tmp_path / "runs"
     finished = root / "2026-01-01_00-00-00"
     (finished / "checkpoints").mkdir(parents=True)
     (finished / "checkpoints" / "last.ckpt").write_bytes(b"x")
     os.utime(finished / "checkpoints" / "last.ckpt", (1_000_000, 1_000_000))
     os.utime(finished, (1_000_000, 1_000_000))
-    interrupted = root / "2026-01-02_00-00-00"
-    (interrupted / ".hydra").mkdir(parents=True)
-    (interrupted / ".hydra" / "config.yaml").write_text("{}")
-    (interrupted / "trees").mkdir()
-    chosen = choose_run_dir("train", None, True, str(root), str(root / "new"))
-    assert chosen == str(interrupted)
-    cfg = OmegaConf.create({"resume": True, "ckpt_path": None, "paths": {"output_dir": chosen}})
-    assert resolve_checkpoint(cfg) is None  # restarts from step 0 rather than failing
+    failed = root / "2026-01-02_00-00-00"
+    (failed / ".hydra").mkdir(parents=True)
+    (failed / ".hydra" / "config.yaml").write_text("{}")
+    (failed / "trees").mkdir()
+    assert choose_run_dir("train", None, True, str(root), str(root / "new")) == str(finished)
+    assert resumable_run(root) == (finished, [failed])
+    with pytest.raises(RunFolderError, match="has no checkpoint"):
+        choose_run_dir("train", None, str(failed), str(root), str(root / "new"))
+    (finished / "checkpoints" / "last.ckpt").unlink()
+    with pytest.raises(RunFolderError, match=r"no run with a checkpoint.*2026-01-02_00-00-00"):
+        choose_run_dir("train", None, True, str(root), str(root / "new"))
 
 
 def test_eval_resume_only_reuses_a_run_with_the_same_record(tmp_path: Path) -> None:
@@ -627,3 +627,49 @@ def test_compiling_graded_code_prints_no_warnings() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # any warning escaping to the console fails the test
         assert extract_code(answer) == "import re\nprint(re.findall('\\d+', input()))\n"
+
+
+def test_a_run_that_fails_or_is_stopped_while_built_is_closed_truthfully(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Params are logged before anything that can fail; an exception while the run is built
+    (warm start included) ends it FAILED, SIGTERM ends it KILLED; the launch command is kept and
+    each resume's command is appended."""
+    from mars2.utils.tracking import closed_on_failure
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    monkeypatch.setattr(sys, "argv", ["mars2-train", "experiment=tiny_pair"])
+    first = _tracker(tmp_path, run_dir)
+    first.log_hyperparams({"seed": 1})
+    with pytest.raises(RuntimeError), closed_on_failure(first):
+        raise RuntimeError("No supported gpu backend found!")
+    client = first.experiment
+    run = client.get_run(first.run_id)
+    assert run.info.status == "FAILED" and run.data.params == {"seed": "1"}
+
+    monkeypatch.setattr(sys, "argv", ["mars2-train", "experiment=tiny_pair", "resume=true"])
+    again = _tracker(tmp_path, run_dir)
+    again.log_hyperparams({"seed": 1})  # as build_run does, before the warm start
+    assert client.get_run(first.run_id).info.status == "RUNNING"
+    with pytest.raises(SystemExit) as stop, closed_on_failure(again):
+        os.kill(os.getpid(), signal.SIGTERM)  # during the warm start
+        time.sleep(5)
+    assert stop.value.code == 143
+    run = client.get_run(first.run_id)
+    assert run.info.status == "KILLED"
+    assert run.data.tags["mars2.command"] == "mars2-train experiment=tiny_pair"
+    assert run.data.tags["mars2.command_resume_1"] == "mars2-train experiment=tiny_pair resume=true"
+
+
+def test_the_final_block_names_the_eval_command_of_its_checkpoint(tmp_path: Path) -> None:
+    from omegaconf import OmegaConf
+
+    from mars2.training.run import eval_command
+
+    cfg = OmegaConf.create({"experiment_name": "tiny_pair"})
+    assert eval_command(cfg, tmp_path) is None  # no checkpoint: nothing to evaluate
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert eval_command(cfg, tmp_path) == f"mars2-eval experiment=tiny_pair ckpt_path={last}"

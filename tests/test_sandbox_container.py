@@ -529,3 +529,27 @@ def test_where_user_namespaces_are_forbidden_required_refuses_and_best_effort_wa
     assert not seen["isolation"]["container"] and seen["isolation"]["seccomp"]
     assert [r[0] for r in seen["results"]["after it"]] == ["passed", "passed"]
     assert list(scratch.iterdir()) == []  # the worker removed its jobs' directory
+
+
+SYMLINKED_VENV = """
+from mars2.sandbox.base import Job
+from mars2.sandbox.pool.local import LocalSandbox
+with LocalSandbox(num_workers=1, per_test_timeout=2.0) as box:
+    (result,) = box.run_batch([Job("print(int(input()) + 1)", "stdin", [{"input": "1", "output": "2"}])])
+    print(result.tests[0].verdict.name)
+"""
+
+
+def test_a_venv_reached_through_a_symlink_starts_the_container(tmp_path: Path) -> None:
+    """`.venv -> <real venv>`: the container binds the venv's real path, so the interpreter it
+    executes must be named by that path too (it used to run the unresolved `sys.executable`:
+    `bwrap: execvp .venv/bin/python: No such file or directory`)."""
+    link = tmp_path / ".venv"
+    link.symlink_to(Path(sys.prefix).resolve())
+    python = link / "bin" / Path(sys.executable).name
+    src = str(Path(mars2.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": src}
+    done = subprocess.run([str(python), "-c", SYMLINKED_VENV], capture_output=True, text=True,
+                          timeout=120, env=env, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "PASSED"

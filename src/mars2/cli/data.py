@@ -19,6 +19,13 @@ def _parser() -> argparse.ArgumentParser:
         prog="mars2-data",
         description="Fetch a public dataset from the Hugging Face hub (needs network) and write "
         "it where the data configs read it; prints counts per platform and difficulty.",
+        epilog="examples:\n"
+        "  mars2-data livecodebench --release v6    # data/livecodebench/release_v6.jsonl\n"
+        "  mars2-data deepcoder                     # data/deepcoder/train.jsonl\n"
+        "  mars2-data --data-dir /scratch/data deepcoder --split test\n\n"
+        "The data configs that read these files live in the package (mars2.configs, the "
+        "checkout's configs/data/): data=livecodebench, data=deepcoder. See docs/data.md.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     where = "where to write (default: paths.data_dir, i.e. $MARS2_ROOT/data or ./data)"
     parser.add_argument("--data-dir", type=Path, default=None, help=where)

@@ -40,8 +40,11 @@ STRUCTURED = (
 _SPECIAL = {"_target_", "_partial_", "_convert_", "_recursive_", "_args_"}
 # Flags after which Hydra does something else than run the job (or takes the config elsewhere).
 _SKIP = {"--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc",
-         "--multirun", "-m", "--experimental-rerun", "--config-name", "-cn", "--config-path",
+         "--experimental-rerun", "--config-name", "-cn", "--config-path",
          "-cp", "--version"}  # fmt: skip
+_MULTIRUN = {"--multirun", "-m"}
+# A sweep's jobs checked before the first starts (each check is cheap: problem sets are cached).
+MAX_SWEEP_CHECKS = 64
 _WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-dir", "-cd", "--info", "-i"}
 
 
@@ -69,21 +72,77 @@ def preflight(task: str, argv: list[str]) -> None:
             return  # both ways of adding a config dir at once: leave it to Hydra
         overrides = [*overrides, f"hydra.searchpath=[file://{config_dir}]"]
     with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
-        cfg = _compose(task, overrides)
-        check_additions(task, overrides)
-        if "--cfg" in flags or "-c" in flags:
-            return  # prints the config only: no folder, no run
-        folder = run_dir(cfg)
-        if task == "train":
-            from mars2.training.run import check_train
-
-            check_train(cfg)
+        if _MULTIRUN & flags.keys():
+            for job in sweep_jobs(overrides):  # every job of the sweep, before the first starts
+                _check_job(task, job, flags, multirun=True)
         else:
-            from mars2.eval.run import check_eval
+            _check_job(task, overrides, flags, multirun=False)
 
-            check_eval(cfg)
-            if Path(folder).is_dir():  # hydra.run.dir=<an earlier evaluation>: same settings only
-                check_eval_folder(folder, eval_record(cfg), "hydra.run.dir")
+
+def sweep_jobs(overrides: list[str]) -> list[list[str]]:
+    """The override lists of a ``-m`` sweep's jobs (Hydra's basic sweeper's expansion), at most
+    `MAX_SWEEP_CHECKS` of them."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except OverrideParseException as error:
+        first = str(error).strip().splitlines()[0]
+        raise CommandLineError(f"cannot read the override: {first}.") from error
+    sweeper = [o for o in parsed if o.key_or_group.startswith("hydra.sweeper")]
+    if sweeper:  # another sweeper (optuna, ...) picks the values: check the base config only
+        return [[o.input_line for o in parsed if not o.is_sweep_override() and o.input_line]]
+    jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    return jobs[:MAX_SWEEP_CHECKS]
+
+
+def _check_job(
+    task: str, overrides: list[str], flags: dict[str, str | None], multirun: bool
+) -> None:
+    cfg = _compose(task, overrides)
+    check_additions(task, overrides)
+    shown = flags.get("--cfg") or flags.get("-c")
+    if shown is not None or "--cfg" in flags or "-c" in flags:
+        if shown == "hydra" and "--resolve" in flags and not multirun:
+            # Hydra resolves its own block detached from the job's config, where
+            # hydra.run.dir's ${task_name} and ${paths.log_dir} do not exist: print it here.
+            print(OmegaConf.to_yaml(_resolved(cfg.hydra)), end="")
+            raise SystemExit(0)
+        return  # prints the config only: no folder, no run
+    folder = "" if multirun else run_dir(cfg)  # a sweep's jobs write under hydra.sweep.dir
+    if task == "train":
+        from mars2.training.run import check_train
+
+        check_train(cfg)
+        return
+    from mars2.eval.run import check_eval, check_trained
+
+    check_eval(cfg)
+    check_trained(cfg)  # the command line refuses untrained agents (eval.allow_untrained=true)
+    if folder and Path(folder).is_dir():  # hydra.run.dir=<an earlier evaluation>: same settings
+        check_eval_folder(folder, eval_record(cfg), "hydra.run.dir")
+
+
+def _resolved(node: DictConfig) -> DictConfig:
+    """`node` with each value resolved where it can be (Hydra's runtime values, set only once a
+    job starts, are left as they are)."""
+    out: dict[str, Any] = {}
+    for key in node:
+        try:
+            value = node[key]
+        except OmegaConfBaseException:
+            out[str(key)] = node._get_node(key)._value()  # type: ignore[union-attr]
+            continue
+        out[str(key)] = (
+            _resolved(value)
+            if isinstance(value, DictConfig)
+            else (
+                OmegaConf.to_container(value, resolve=False)
+                if OmegaConf.is_config(value)
+                else value
+            )
+        )
+    return OmegaConf.create(out)
 
 
 def _compose(task: str, overrides: list[str]) -> DictConfig:
@@ -91,6 +150,9 @@ def _compose(task: str, overrides: list[str]) -> DictConfig:
         return compose(config_name=task, overrides=overrides, return_hydra_config=True)
     except OverrideParseException as error:
         first = str(error).strip().splitlines()[0]
+        bare = [o for o in overrides if re.fullmatch(r"[A-Za-z_][\w-]*", o)]
+        if bare:
+            raise CommandLineError(_bare_word(bare[0])) from error
         raise CommandLineError(
             f"cannot read the override: {first} (override syntax: "
             "https://hydra.cc/docs/advanced/override_grammar/basic/)."
@@ -104,6 +166,26 @@ def _compose(task: str, overrides: list[str]) -> DictConfig:
         if "Got NoneType" in str(error):
             hint = "; a config group cannot be null: drop it with ~<group>, e.g. ~logger"
         raise CommandLineError(f"{str(error).strip()}{hint}.") from error
+
+
+def _bare_word(word: str) -> str:
+    """`mars2-train tiny_pair`: a word without `key=`; name the group it belongs to."""
+    loader = GlobalHydra.instance().config_loader()
+    groups = [g for g in ("experiment", "data", "agent", "trainer", "search", "sandbox", "logger",
+                          "debug") if word in loader.get_group_options(g)]  # fmt: skip
+    if groups:
+        return (
+            f"{word}: every setting is key=value; did you mean {groups[0]}={word}? "
+            f"(e.g. mars2-train {groups[0]}={word})"
+        )
+    options = loader.get_group_options("experiment")
+    near = difflib.get_close_matches(word, options, n=1)
+    hint = (
+        f"; did you mean experiment={near[0]}?"
+        if near
+        else f" (experiments: {', '.join(options)})."
+    )
+    return f"{word}: every setting is key=value, e.g. experiment=tiny_pair{hint}"
 
 
 def _unknown_option(message: str) -> str:
@@ -135,6 +217,9 @@ def _composition_error(task: str, overrides: list[str], message: str) -> str:
     parent, _, name = key.rpartition(".")
     node = OmegaConf.select(base, parent) if parent else base
     if not isinstance(node, DictConfig):
+        missing = _missing_block(base, key)
+        if missing is not None:
+            return missing
         return f"{key}: {parent or 'the config'} is not a block of settings, so it has no {name!r}."
     keys, free = _valid_keys(node, top=parent in STRUCTURED or not parent)
     where = parent or "the config"
@@ -147,6 +232,47 @@ def _composition_error(task: str, overrides: list[str], message: str) -> str:
     if free or name in keys:
         return f"{key}: {where} has no {name!r} yet; add it with +{key}=... ({where} takes it)."
     return f"{key}: {where} has no setting {name!r}; its settings: {_listed(keys)}."
+
+
+def _missing_block(base: DictConfig, key: str) -> str | None:
+    """The message for a key whose path names a block that does not exist (an unknown agent, a
+    per-agent setting written at the top level), or None when every block on the path exists."""
+    parts = key.split(".")
+    node: Any = base
+    for depth, part in enumerate(parts[:-1]):
+        child = node.get(part) if isinstance(node, DictConfig) else None
+        if isinstance(child, DictConfig):
+            node = child
+            continue
+        if child is not None or not isinstance(node, DictConfig):
+            return None  # a value, not a missing block
+        where = ".".join(parts[:depth])
+        if where == "agents":
+            names = sorted(str(k) for k in node)
+            near = difflib.get_close_matches(part, names, n=1)
+            hint = f"; did you mean agents.{near[0]}?" if near else "."
+            return (
+                f"{key}: there is no agent {part!r} in this experiment{hint} Its agents: "
+                f"{', '.join(names)}. Agents come from the experiment (experiment=...) or the "
+                "agent list (agent=[a,b]); each selected file becomes agents.<name>."
+            )
+        agents = base.get("agents")
+        rest = ".".join(parts[depth:])
+        if not where and isinstance(agents, DictConfig) and any(
+            OmegaConf.select(a, rest, default=None) is not None or part in a
+            for a in agents.values()
+        ):  # fmt: skip
+            agent_names = [str(n) for n in agents]
+            listed = ", ".join(f"agents.{n}.{rest}" for n in agent_names)
+            return (
+                f"{key}: {part} is a per-agent setting: set it for each agent ({listed}), e.g. "
+                f"agents.{agent_names[0]}.{rest}=<value>."
+            )
+        keys = sorted(str(k) for k in node)
+        near = difflib.get_close_matches(part, keys, n=1)
+        hint = f"; did you mean {_join(where, near[0])}?" if near else "."
+        return f"{key}: {where or 'the config'} has no block {part!r}{hint}"
+    return None
 
 
 def _override_key(override: str) -> str:
@@ -211,7 +337,7 @@ def check_additions(task: str, overrides: list[str]) -> None:
         raise CommandLineError(
             f"+{add.key_or_group}: {parent or 'the config'} has no setting {name!r}{hint} "
             f"Its settings: {_listed(keys)}. A + adds a key the config does not have; "
-            "set an existing one without it (see README, 'Overrides')."
+            "set an existing one without it (see docs/running.md, 'Overrides')."
         )
 
 

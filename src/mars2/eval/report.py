@@ -31,12 +31,17 @@ def table(summaries: Sequence[Summary], caption: str | None = None) -> str:
     return "\n".join([caption, *lines] if caption else lines)
 
 
-def write_reports(summaries: Sequence[Summary], directory: str | Path) -> dict[str, Path]:
-    """results.json (everything, with breakdowns) and results.csv (one row per setting and group)."""
+def write_reports(
+    summaries: Sequence[Summary], directory: str | Path, run: dict[str, Any] | None = None
+) -> dict[str, Path]:
+    """results.json (``{"run": what was evaluated, "settings": every setting's summary with
+    breakdowns}``) and results.csv (one row per setting and group). `run` holds the weights, the
+    dataset, the budget and the seed."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     json_path, csv_path = out / "results.json", out / "results.csv"
-    atomic_write_text(json_path, json.dumps([s.__dict__ for s in summaries], indent=2))
+    report = {"run": dict(run or {}), "settings": [s.__dict__ for s in summaries]}
+    atomic_write_text(json_path, json.dumps(report, indent=2, default=str))
     buffer = io.StringIO(newline="")
     writer = csv.writer(buffer)
     writer.writerow(["setting", "group", "metric", "value"])
@@ -50,10 +55,18 @@ def write_reports(summaries: Sequence[Summary], directory: str | Path) -> dict[s
     return {"json": json_path, "csv": csv_path}
 
 
+def read_results(path: str | Path) -> list[dict[str, Any]]:
+    """The settings' summaries of a results.json (also of the older form, a bare list)."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    return list(data["settings"] if isinstance(data, dict) else data)
+
+
 def log_to_mlflow(summaries: Sequence[Summary], logger: Any, files: Sequence[Path] = ()) -> None:
     """Metrics as `<setting>/<metric>` in names MLflow accepts as they are
     (`team+tree/pass@1(mcts)` -> `team_tree/pass_at_1_mcts`), report files as artifacts."""
     metrics = {metric_key(f"{s.name}/{m}"): v for s in summaries for m, v in s.metrics.items()}
     logger.log_metrics(metrics, step=0)
+    if not hasattr(logger, "run_id"):  # TensorBoard, W&B, CSV: the files stay in the run folder
+        return
     for path in files:
         logger.experiment.log_artifact(logger.run_id, str(path))

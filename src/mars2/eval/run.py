@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +26,10 @@ from mars2.search.runner import SearchConfig
 from mars2.search.tree import load_trees
 from mars2.training.members import team_members
 from mars2.training.team_module import MultiAgentModule
+from mars2.utils.environment import check_environment
 from mars2.utils.logs import one_line_per_message, quiet_libraries
 from mars2.utils.runs import check_eval_folder, eval_record, matching_eval_run, write_record
-from mars2.utils.tracking import tracked, tracker_lines
+from mars2.utils.tracking import set_run_tag, tracked, tracker_lines
 from mars2.utils.validation import ConfigError, validate_eval_config
 
 log = logging.getLogger(__name__)
@@ -93,6 +96,10 @@ def run_evaluation(
 def check_eval(cfg: DictConfig) -> list[Any]:
     """Everything an evaluation checks before it loads a model (the command line runs this
     before it creates the run folder); returns the problems it will evaluate."""
+    resolved = check_environment(cfg, "eval")  # backends, the data file, ckpt_path
+    if resolved is not None:  # ckpt_path=<run folder>: its newest checkpoint
+        log.info("ckpt_path=%s: evaluating its checkpoint %s", cfg.ckpt_path, resolved)
+        cfg.ckpt_path = resolved
     problems = validate_eval_config(cfg)
     if uses_reference(cfg):
         try:
@@ -100,6 +107,33 @@ def check_eval(cfg: DictConfig) -> list[Any]:
         except AnswerKeyError as error:
             raise ConfigError(f"generation.backend=reference: {error}") from error
     return problems
+
+
+def untrained(cfg: DictConfig) -> list[str]:
+    """The agents an evaluation would score with their initial weights: all of them without
+    `ckpt_path` (reference answers aside), except those loaded from a training run's agents/
+    export (``agents.<name>.model.path=<run>/agents/<name>``)."""
+    if cfg.get("ckpt_path") or uses_reference(cfg):
+        return []
+    return [
+        str(name)
+        for name, agent in (cfg.get("agents") or {}).items()
+        if Path(str((agent.get("model") or {}).get("path", ""))).parent.name != "agents"
+    ]
+
+
+def check_trained(cfg: DictConfig) -> None:
+    """Refuse to score untrained agents unless `eval.allow_untrained=true` (a baseline): a
+    forgotten ckpt_path would otherwise report the initial weights as the run's results."""
+    names = untrained(cfg)
+    if not names or bool((cfg.get("eval") or {}).get("allow_untrained", False)):
+        return
+    raise ConfigError(
+        f"no ckpt_path: this would evaluate {', '.join(names)} with their initial weights, not a "
+        "training run's. Pass ckpt_path=<run folder> (its newest checkpoint) or "
+        "ckpt_path=<run folder>/checkpoints/last.ckpt; for an untrained baseline on purpose, "
+        "add eval.allow_untrained=true."
+    )
 
 
 def evaluate(cfg: DictConfig) -> list[Summary]:
@@ -118,20 +152,30 @@ def evaluate(cfg: DictConfig) -> list[Summary]:
         log.info("%s", why if found is None else f"resume=true: continuing {out} (same settings)")
     write_record(out, record)
     settings: EvalSettings = hydra.utils.instantiate(cfg.eval)
+    if not cfg.get("ckpt_path") and not uses_reference(cfg):
+        log.warning(
+            "no ckpt_path: evaluating the agents' initial weights (UNTRAINED for the tiny agents);"
+            " pass ckpt_path=<run folder>/checkpoints/last.ckpt (or the run folder) to evaluate "
+            "a training run"
+        )
     pool = EnginePool()  # the vLLM engines of this evaluation, closed at the end
     try:
         generators = _generators(cfg, problems, settings, pool)  # models load before MLflow starts
         logger = builders.build_logger(cfg)
         if logger:
             logger.log_hyperparams(builders.flat_params(cfg))
+            tag_eval_run(logger, cfg)
         with tracked(logger):
             summaries = _evaluate(cfg, problems, out, settings, generators)
             print(table(summaries, caption(cfg, settings, len(problems))), flush=True)
-            files = write_reports(summaries, out)
-            team_trees = sorted((out / "trees" / "team").glob("*.jsonl")) or sorted(
-                (out / "trees").glob("*/*.jsonl")
+            files = write_reports(summaries, out, run_metadata(cfg, settings, len(problems)))
+            team_trees = sorted((out / "trees" / "team").glob("*.jsonl"), key=_natural) or sorted(
+                (out / "trees").glob("*/*.jsonl"), key=_natural
             )
-            trees = [t for path in team_trees[:8] for t in load_trees(path)]
+            chosen = (
+                team_trees if settings.tree_pages is None else team_trees[: settings.tree_pages]
+            )
+            trees = [t for path in chosen for t in load_trees(path)]
             pages = write_tree_pages(trees, out / "tree_pages")
             if logger:
                 log_to_mlflow(summaries, logger, [*files.values(), *pages])
@@ -146,14 +190,81 @@ def evaluate(cfg: DictConfig) -> list[Summary]:
     return summaries
 
 
+def dataset_name(cfg: DictConfig) -> str:
+    """The eval data as the user picked it (``data=humaneval``), else its loader's name."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():
+            chosen = HydraConfig.get().runtime.choices.get("data")
+            if chosen:
+                return str(chosen)
+    except (ImportError, ValueError):
+        pass
+    return str(cfg.data.eval.get("_target_", "?")).rsplit(".", 1)[-1].removeprefix("load_")
+
+
+def weights(cfg: DictConfig) -> str:
+    """Which weights the agents have: the checkpoint, reference answers, or untrained."""
+    if uses_reference(cfg):
+        return "none (reference solutions)"
+    if cfg.get("ckpt_path"):
+        return str(cfg.ckpt_path)
+    return "UNTRAINED (no ckpt_path: the agents' initial weights)"
+
+
+def run_metadata(cfg: DictConfig, settings: EvalSettings, problems: int) -> dict[str, Any]:
+    """What an evaluation evaluated (results.json's "run")."""
+    path = cfg.data.eval.get("path")
+    return {
+        "experiment": str(cfg.get("experiment_name")),
+        "weights": weights(cfg),
+        "dataset": dataset_name(cfg),
+        "data_path": str(path) if path else None,
+        "problems": problems,
+        "samples": settings.samples,
+        "temperature": settings.temperature,
+        "tree_budget": settings.tree_budget,
+        "seed": int(cfg.seed),
+    }
+
+
 def caption(cfg: DictConfig, settings: EvalSettings, problems: int) -> str:
-    """What the table's numbers are of: the problems, n and the node budget."""
-    data = str(cfg.data.eval.get("_target_", "?")).rsplit(".", 1)[-1]
+    """What the table's numbers are of: the weights, the problems, n and the node budget."""
     answers = " (answers: reference solutions)" if uses_reference(cfg) else ""
+    noun = "problem" if problems == 1 else "problems"
     return (
-        f"{problems} problems of {data}{answers}; pass@k: n={settings.samples} samples per problem "
-        f"at temperature {settings.temperature}; trees: up to {settings.tree_budget} nodes"
+        f"{problems} {noun} of {dataset_name(cfg)}{answers}; weights: {weights(cfg)}; pass@k: "
+        f"n={settings.samples} samples per problem at temperature {settings.temperature}; "
+        f"trees: up to {settings.tree_budget} nodes; seed {cfg.seed}"
     )
+
+
+def _natural(path: Path) -> list[Any]:
+    """HumanEval_2 before HumanEval_10."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", path.name)]
+
+
+def tag_eval_run(logger: Any, cfg: DictConfig) -> None:
+    """Name the eval's MLflow run with its dataset and link it to the training run and
+    checkpoint it evaluates."""
+    set_run_tag(logger, "mars2.dataset", dataset_name(cfg))
+    set_run_tag(logger, "mars2.weights", weights(cfg))
+    name = getattr(logger, "_run_name", None)
+    if name:
+        set_run_tag(logger, "mlflow.runName", f"{name}/{dataset_name(cfg)}")
+    ckpt = cfg.get("ckpt_path")
+    if not ckpt:
+        return
+    folder = Path(str(ckpt)).resolve().parent
+    run = folder.parent if folder.name == "checkpoints" else folder
+    set_run_tag(logger, "mars2.train_run_dir", str(run))
+    record = run / "mlflow_run.json"
+    if record.is_file():
+        try:
+            set_run_tag(logger, "mars2.train_run_id", str(json.loads(record.read_text())["run_id"]))
+        except (OSError, ValueError, KeyError):
+            pass
 
 
 def _generators(

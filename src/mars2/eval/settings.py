@@ -18,9 +18,11 @@ class EvalSettings:
     tree_budget: int = 60  # nodes per tree for Pass@1(MCTS) and Pass@N
     limit: int | None = None  # evaluate only the first N problems
     chunk: int | None = 32  # problems whose trees grow together; a resume redoes at most one
+    allow_untrained: bool = False  # evaluate without ckpt_path (the agents' initial weights)
+    tree_pages: int | None = None  # HTML pages of the team's trees, in problem order (None: all)
 
     def __post_init__(self) -> None:
-        for name in ("samples", "tree_budget", "limit", "chunk"):
+        for name in ("samples", "tree_budget", "limit", "chunk", "tree_pages"):
             value = getattr(self, name)
             if value is not None and (int(value) != value or value < 1):
                 raise ValueError(f"{name} must be an integer >= 1, got {value}")

@@ -30,10 +30,18 @@ from mars2.training.progress import warm_start_bar
 from mars2.training.rollout import RolloutEngine
 from mars2.training.team_module import MultiAgentModule
 from mars2.training.warm_start import WarmStartConfig, warm_start
+from mars2.utils.environment import check_environment
 from mars2.utils.logs import one_line_per_message, quiet_libraries
-from mars2.utils.runs import CHECKPOINT_DIR, latest_checkpoint, resolve_checkpoint
-from mars2.utils.tracking import tracker_lines
-from mars2.utils.validation import validate_train_config
+from mars2.utils.runs import (
+    CHECKPOINT_DIR,
+    RunFolderError,
+    latest_checkpoint,
+    resolve_checkpoint,
+    resumable_run,
+    truthy,
+)
+from mars2.utils.tracking import closed_on_failure, set_run_tag, tracker_lines
+from mars2.utils.validation import ConfigError, validate_train_config
 
 log = logging.getLogger(__name__)
 
@@ -118,19 +126,53 @@ def build_run(cfg: DictConfig) -> tuple[Any, TreeSearchDataModule, pl.Trainer, A
     """(team module, datamodule, trainer, sandbox) for a training config."""
     pl.seed_everything(cfg.seed, workers=True)
     apply_allocator_conf(cfg)  # before any model reaches a GPU (idempotent)
+    sandbox = build_sandbox(cfg)  # first: a sandbox that cannot start fails before any model loads
+    try:
+        check_sandbox(sandbox)
+        return _build_run(cfg, sandbox)
+    except BaseException:
+        sandbox.close()
+        raise
+
+
+def check_sandbox(sandbox: Any) -> None:
+    """Run one job through the real sandbox (its container included): a sandbox that cannot run
+    code stops the run here, in one paragraph, rather than after the warm start."""
+    from mars2.sandbox.base import Job
+
+    try:
+        (result,) = sandbox.run_batch([Job(_PROBE_CODE, "stdin", [{"input": "1", "output": "2"}])])
+    except Exception as error:
+        raise ConfigError(
+            f"the sandbox ({type(sandbox).__name__}) could not run one test job: {error}. Check "
+            "`sandbox.*` (see docs/sandbox.md); sandbox.isolation=best_effort runs without the "
+            "parts of the container this machine lacks."
+        ) from error
+    if not result.all_passed:
+        said = "; ".join(f"{t.verdict.name}: {t.stderr[-200:]}".strip() for t in result.tests)
+        raise ConfigError(
+            f"the sandbox ({type(sandbox).__name__}) ran a test job that must pass, and it did "
+            f"not ({said or 'no verdict'}). Check `sandbox.*` (see docs/sandbox.md)."
+        )
+
+
+_PROBE_CODE = "print(int(input()) + 1)"
+
+
+def _build_run(cfg: DictConfig, sandbox: Any) -> tuple[Any, TreeSearchDataModule, pl.Trainer, Any]:
     agents = build_agents(cfg)
     logger = build_logger(cfg)  # after the models load: a bad model path leaves no MLflow run
-    if warm_start_needed(cfg):
-        run_warm_start(cfg, agents, logger)
-    module: Any = MultiAgentModule(agents)
-    sandbox = build_sandbox(cfg)
-    datamodule = TreeSearchDataModule(build_rollout(cfg, build_grader(cfg, sandbox)), cfg.steps)
-    trainer = hydra.utils.instantiate(
-        trainer_arguments(cfg.trainer), callbacks=build_callbacks(cfg), logger=logger,
-        _convert_="all",
-    )  # fmt: skip
     if logger:
-        logger.log_hyperparams(flat_params(cfg))
+        logger.log_hyperparams(flat_params(cfg))  # first: a run that fails below has its params
+    with closed_on_failure(logger):  # FAILED on an exception, KILLED on SIGTERM / Ctrl-C
+        if warm_start_needed(cfg):
+            run_warm_start(cfg, agents, logger)
+        module: Any = MultiAgentModule(agents)
+        datamodule = TreeSearchDataModule(build_rollout(cfg, build_grader(cfg, sandbox)), cfg.steps)
+        trainer = hydra.utils.instantiate(
+            trainer_arguments(cfg.trainer), callbacks=build_callbacks(cfg), logger=logger,
+            _convert_="all",
+        )  # fmt: skip
     return module, datamodule, trainer, sandbox
 
 
@@ -138,6 +180,7 @@ def check_train(cfg: DictConfig) -> None:
     """Everything a training run checks before it loads a model (the command line runs this
     before it creates the run folder)."""
     apply_allocator_conf(cfg)  # PYTORCH_CUDA_ALLOC_CONF before CUDA starts (the check may start it)
+    check_environment(cfg, "train")  # the accelerator, backends, data files, ckpt_path
     check_memory(cfg)  # refuses a GPU run that cannot fit, before anything is loaded
     validate_train_config(cfg)
 
@@ -150,12 +193,22 @@ def train(cfg: DictConfig) -> dict[str, float]:
     print(f"Run folder: {out}", flush=True)
     check_train(cfg)
     cfg.ckpt_path = resolve_checkpoint(cfg)  # resume=true: the run folder's newest checkpoint
-    if cfg.get("resume") and not cfg.ckpt_path:
-        log.info("resume: %s has no checkpoint yet; training it again from step 0", out)
+    if truthy(cfg.get("resume")) and not cfg.ckpt_path:  # its checkpoints went since the check
+        raise RunFolderError(
+            f"resume: {out} has no checkpoint; nothing to resume. Start a fresh run without resume."
+        )
+    if str(cfg.get("resume")).strip().lower() == "true":
+        _, skipped = resumable_run(out.parent)
+        if skipped:
+            log.info(
+                "resume=true: skipped %s (no checkpoint: stopped or failed before their first "
+                "one); continuing %s", ", ".join(f.name for f in skipped), out.name,
+            )  # fmt: skip
     module, datamodule, trainer, sandbox = build_run(cfg)
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
     except SystemExit as stop:  # Ctrl-C and SIGTERM end here, after the callbacks saved the step
+        set_run_tag(trainer.logger, "mars2.stopped_at_step", str(trainer.global_step))
         print(f"Stopped at step {trainer.global_step}. {written(out, trainer)}", flush=True)
         print("Continue this run with resume=true (the newest run of the experiment).", flush=True)
         if stop.code in (
@@ -179,7 +232,35 @@ def train(cfg: DictConfig) -> dict[str, float]:
         {k: round(v, 4) for k, v in metrics.items() if "/" not in k},
     )
     print(written(out, trainer), flush=True)
+    command = eval_command(cfg, out)
+    if command:
+        print(f"Evaluate it:\n  {command}", flush=True)
     return metrics
+
+
+# Overrides an evaluation must repeat to build the same agents as the training run.
+_AGENT_OVERRIDES = ("experiment=", "agent=", "agents.", "+agents.", "paths.")
+
+
+def eval_command(cfg: DictConfig, out: Path) -> str | None:
+    """The `mars2-eval` command for this run's newest checkpoint, with the overrides that chose
+    its agents (None without a checkpoint)."""
+    last = latest_checkpoint(out)
+    if last is None:
+        return None
+    overrides: list[str] = []
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():
+            overrides = [
+                o for o in HydraConfig.get().overrides.task if o.startswith(_AGENT_OVERRIDES)
+            ]
+    except (ImportError, ValueError):
+        pass
+    if not any(o.startswith("experiment=") for o in overrides):
+        overrides.insert(0, f"experiment={cfg.get('experiment_name')}")
+    return " ".join(["mars2-eval", *overrides, f"ckpt_path={last}"])
 
 
 def written(out: Path, trainer: Any = None) -> str:

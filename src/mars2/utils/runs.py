@@ -2,8 +2,9 @@
 
 `ckpt_path=<run>/checkpoints/last.ckpt` (training) and `resume=true` or `resume=<run folder>`
 continue the same folder, so its trees, views, checkpoints and MLflow run (see
-`mars2.utils.tracking`) carry on. Training resumes the newest run of the experiment, finished or
-not (one stopped before its first checkpoint restarts from step 0 in its own folder). An
+`mars2.utils.tracking`) carry on. Training resumes the newest run of the experiment that holds a
+checkpoint, finished or not; a folder without one (an attempt that failed or was stopped before
+its first checkpoint) is skipped and named, never trained again from step 0. An
 evaluation resumes only a run whose `eval_record.json` (every setting its rows depend on) matches,
 so rows made with other weights, data or settings are never mixed in. The folder is chosen by
 the `${mars2_run_dir:...}` resolver that `configs/hydra/default.yaml` uses for `hydra.run.dir`.
@@ -31,7 +32,8 @@ class RunFolderError(ValueError):
     """A run folder or checkpoint that cannot be used; the message names the setting."""
 
 
-def _truthy(value: Any) -> bool:
+def truthy(value: Any) -> bool:
+    """A setting given as true (``resume=true``, ``resume=<folder>``); false, 0, null are not."""
     if isinstance(value, str):
         return value.strip().lower() not in ("", "false", "no", "0", "null", "none")
     return bool(value)
@@ -79,7 +81,9 @@ EVAL_RECORD = "eval_record.json"
 # out.
 RECORD_KEYS = ("seed", "eval", "data.eval", "generation", "search.config", "grader", "sandbox")
 _AGENT_RECORD_PARTS = ("model", "generation")
-_NOT_RESULTS = {"sandbox.num_workers", "search.config.max_nodes"}
+_NOT_RESULTS = {
+    "sandbox.num_workers", "search.config.max_nodes", "eval.allow_untrained", "eval.tree_pages"
+}  # fmt: skip
 _FINGERPRINT_BYTES = 1 << 20
 
 
@@ -194,6 +198,23 @@ def matching_eval_run(runs_root: str | Path, record: dict[str, str]) -> tuple[Pa
     )
 
 
+def resumable_run(runs_root: str | Path) -> tuple[Path | None, list[Path]]:
+    """The newest run under `runs_root` that holds a checkpoint, and the newer folders skipped
+    because they hold none (attempts that failed or were stopped before their first one)."""
+    skipped: list[Path] = []
+    for folder in runs_newest_first(runs_root):
+        if latest_checkpoint(folder) is not None:
+            return folder, skipped
+        skipped.append(folder)
+    return None, skipped
+
+
+def _named(folders: list[Path], shown: int = 3) -> str:
+    names = [f.name for f in folders[:shown]]
+    more = f" and {len(folders) - shown} more" if len(folders) > shown else ""
+    return ", ".join(names) + more
+
+
 def check_writable(folder: str | Path, setting: str) -> None:
     """Fail with the path and the setting that chose it if `folder` cannot be written."""
     path = Path(folder)
@@ -217,7 +238,8 @@ def choose_run_dir(
 ) -> str:  # fmt: skip
     """The run folder: the checkpoint's own run (training), the resumed run, or a fresh one.
 
-    Training `resume=true` takes the newest run of the experiment, finished or not. Evaluation
+    Training `resume=true` takes the newest run of the experiment that holds a checkpoint,
+    finished or not (folders without one are skipped: see `resumable_run`). Evaluation
     `resume=true` takes the newest run whose settings match exactly, else a fresh folder;
     `resume=<folder>` with other settings is refused (`_root_`, the whole config, gives them).
     """
@@ -234,7 +256,7 @@ def choose_run_dir(
         chosen = folder.parent if folder.name == CHECKPOINT_DIR else Path(fresh)
         check_writable(chosen, "ckpt_path (a resumed run writes into its own folder)")
         return str(chosen)
-    if _truthy(resume):
+    if truthy(resume):
         record = eval_record(_root_) if task == "eval" and _root_ is not None else None
         if isinstance(resume, str) and resume.strip().lower() != "true":
             chosen = Path(resume).expanduser()
@@ -245,14 +267,28 @@ def choose_run_dir(
                 )
             if record is not None:
                 check_eval_folder(chosen, record, "resume")
-        elif task == "train":
-            runs = runs_newest_first(root)
-            if not runs:
+            elif task == "train" and latest_checkpoint(chosen) is None:
                 raise RunFolderError(
-                    f"resume=true found no run under {root} (experiment_name picks the folder); "
-                    "start a fresh run without resume, or pass resume=<run folder>."
+                    f"resume={resume} has no checkpoint (it stopped before its first one, under "
+                    f"{chosen / CHECKPOINT_DIR}): there is nothing to resume, and training it "
+                    "from step 0 would run a failed attempt's folder with this command's "
+                    "settings. Start a fresh run without resume."
                 )
-            chosen = runs[0]
+        elif task == "train":
+            found, skipped = resumable_run(root)
+            if found is None:
+                without = (
+                    f" ({_named(skipped)} stopped before their first checkpoint: nothing to "
+                    "resume, they are left as they are)"
+                    if skipped
+                    else ""
+                )
+                raise RunFolderError(
+                    f"resume=true found no run with a checkpoint under {root}{without} "
+                    "(experiment_name picks the folder); start a fresh run without resume, or "
+                    "pass resume=<run folder>."
+                )
+            chosen = found
         else:
             match = matching_eval_run(root, record) if record is not None else (None, "")
             if match[0] is None:
@@ -267,11 +303,10 @@ def choose_run_dir(
 
 def resolve_checkpoint(cfg: Any) -> str | None:
     """The checkpoint a training run starts from: `ckpt_path`, or with `resume` the newest one in
-    the run folder; None for a fresh run, and for a resumed run stopped before its first
-    checkpoint (it restarts from step 0 in its own folder)."""
+    the run folder (`choose_run_dir` only picks folders that have one); None for a fresh run."""
     if cfg.get("ckpt_path"):
         return str(cfg.ckpt_path)
-    if _truthy(cfg.get("resume")):
+    if truthy(cfg.get("resume")):
         found = latest_checkpoint(Path(str(cfg.paths.output_dir)))
         return str(found) if found is not None else None
     return None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import signal
@@ -27,6 +28,8 @@ from typing import Any
 from lightning.pytorch.loggers import MLFlowLogger
 
 from mars2.utils.atomic import atomic_write_text
+
+log = logging.getLogger(__name__)
 
 RECORD = "mlflow_run.json"
 _REPLACEMENTS = (("@", "_at_"), ("+", "_"), ("(", "_"), (")", ""))
@@ -59,6 +62,22 @@ def _read_record(run_dir: Path | None, tracking_uri: str | None) -> dict[str, An
     return record if record.get("tracking_uri") == tracking_uri else None
 
 
+def _sweep_run_name(name: str | None) -> str | None:
+    """A ``-m`` sweep's job gets its overrides in its run name (``.../seed=2,trainer=cpu``): the
+    jobs of one sweep would otherwise share one name."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+            return name
+        job = HydraConfig.get().job
+        label = job.override_dirname or f"job{job.num}"
+    except (ImportError, ValueError, AttributeError):
+        return name
+    return f"{name}/{label}"[:250] if name else label
+
+
 class RunTracker(MLFlowLogger):
     """`MLFlowLogger` bound to a run folder (see the module docstring)."""
 
@@ -68,6 +87,7 @@ class RunTracker(MLFlowLogger):
         self.resumed = bool(record) and not kwargs.get("run_id")
         if self.resumed and record is not None:
             kwargs["run_id"] = record["run_id"]
+        kwargs["run_name"] = _sweep_run_name(kwargs.get("run_name"))
         super().__init__(*args, **kwargs)
         self._logged: dict[int, set[str]] = {}  # step -> metric names already in the run
         self._params: dict[str, str] = {}
@@ -85,11 +105,10 @@ class RunTracker(MLFlowLogger):
         run_id = self._run_id
         mark_stale_runs(client, self._experiment_id, keep=run_id)
         run = client.get_run(run_id)
-        tags = {
-            "mars2.pid": str(os.getpid()),
-            "mars2.host": socket.gethostname(),
-            "mars2.command": " ".join(sys.argv)[:4000],
-        }
+        command = " ".join(sys.argv)[:4000]
+        tags = {"mars2.pid": str(os.getpid()), "mars2.host": socket.gethostname()}
+        if not self.resumed:
+            tags["mars2.command"] = command  # the launch command, kept as it was on resume
         if self.run_dir is not None:
             tags["mars2.run_dir"] = str(self.run_dir)
         if self.resumed:
@@ -97,6 +116,7 @@ class RunTracker(MLFlowLogger):
             client.update_run(run_id, status="RUNNING")
             count = int(run.data.tags.get("mars2.resumes", "0")) + 1
             tags["mars2.resumes"] = str(count)
+            tags[f"mars2.command_resume_{count}"] = command  # each resume's command, appended
             tags[f"mars2.attempt_{count - 1}_ended"] = (
                 "KILLED" if previous == "RUNNING" else str(previous)
             )
@@ -211,6 +231,42 @@ def tracked(logger: Any) -> Iterator[None]:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def closed_on_failure(logger: Any) -> Iterator[None]:
+    """Building a training run (warm start included) outside Lightning: an exception ends the
+    logger's run FAILED, SIGTERM or Ctrl-C ends it KILLED (SIGTERM becomes SystemExit(143) so the
+    run is closed before the process exits); on success the run stays open for the trainer."""
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        signal.signal(signal.SIGTERM, on_term)
+    except ValueError:  # not the main thread
+        previous = None
+    try:
+        yield
+    except BaseException:
+        if logger:
+            logger.finalize("failed")
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def set_run_tag(logger: Any, key: str, value: str) -> None:
+    """Tag the logger's MLflow run (nothing for other loggers, or when MLflow cannot be reached:
+    a tag never stops a run)."""
+    if not isinstance(logger, MLFlowLogger):
+        return
+    try:
+        logger.experiment.set_tag(logger.run_id, key, value)
+    except Exception:
+        log.warning("could not tag the MLflow run with %s", key)
 
 
 def flush_step_metrics(trainer: Any) -> None:

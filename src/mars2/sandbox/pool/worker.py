@@ -66,7 +66,7 @@ class Worker:
                     os.close(write_end)
                     filter_fds.append(read_end)
                     prefix += ["--add-seccomp-fd", str(read_end)]
-            command = [*prefix, "--", sys.executable, "-m", EXECUTOR_MODULE]
+            command = [*prefix, "--", bubblewrap.interpreter(), "-m", EXECUTOR_MODULE]
             job_parent = "/tmp"  # the container's private tmpfs
         else:
             # No container: job directories go on the host, under a directory of our own that
