@@ -25,7 +25,7 @@ def test_engine_gets_prompt_plus_completion_cap_explicitly() -> None:
     assert engine_args(SPEC, given)["max_model_len"] == 32
     short = GenerationConfig(backend="vllm", max_prompt_tokens=2048, max_new_tokens=16384,
                              vllm={"max_model_len": 4096})  # fmt: skip
-    with pytest.raises(ValueError, match="shorter than generation.max_prompt_tokens"):
+    with pytest.raises(ValueError, match=r"shorter than generation\.max_prompt_tokens"):
         engine_args(SPEC, short)
     assert "max_model_len" not in engine_args(SPEC, GenerationConfig(backend="vllm"))
 
