@@ -49,6 +49,19 @@ class GenerationConfig:
                 raise ValueError(f"{name} must be an integer >= 1, got {value}")
 
     @property
+    def max_model_len(self) -> int | None:
+        """The tokens one sequence may take in an engine: `vllm.max_model_len` when given, else
+        prompt cap + completion cap (`max_prompt_tokens` + `max_new_tokens`); None when neither is
+        set (vLLM then takes the model's own, e.g. 40,960 for Qwen3-32B). The memory check
+        (`mars2.training.memory.agent_plan`) and the engine (`engine_args`) both read this."""
+        given = (self.vllm or {}).get("max_model_len")
+        if given:
+            return int(given)
+        if self.max_prompt_tokens is None:
+            return None
+        return int(self.max_prompt_tokens) + int(self.max_new_tokens)
+
+    @property
     def shared_base(self) -> bool:
         """LoRA agents on one base model share one vLLM engine."""
         return self.backend == "vllm" and bool((self.vllm or {}).get("shared_base"))

@@ -82,6 +82,18 @@ def engine_args(
         args.update(enable_lora=True, max_loras=lora_slots, max_lora_rank=lora_rank(max_lora_r))
     if world_size > 1:
         args["distributed_executor_backend"] = "external_launcher"
+    length = config.max_model_len  # the memory check sized the KV cache for this length
+    if length is not None:
+        wanted = (config.max_prompt_tokens or 0) + config.max_new_tokens
+        if config.max_prompt_tokens is not None and length < wanted:
+            raise ValueError(
+                f"vllm.max_model_len={length} is shorter than generation.max_prompt_tokens + "
+                f"max_new_tokens = {wanted}: the engine would cut completions the trainer and "
+                "the memory check count in full; raise vllm.max_model_len or drop it (it then "
+                "defaults to their sum)"
+            )
+        args["max_model_len"] = length
+        extra.pop("max_model_len", None)
     tp = int(extra.get("tensor_parallel_size") or 1)
     if tp > 1 and world_size == 1:
         raise ValueError(

@@ -231,6 +231,7 @@ class MemoryEstimate:
     cluster: ClusterPlan
     terms: list[Term] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # engines that cannot start at all
+    engines: list[str] = field(default_factory=list)  # per engine: KV-cache tokens, concurrency
 
     def phase(self, name: str) -> float:
         return sum(t.gib for t in self.terms if t.phase == name)
@@ -271,6 +272,7 @@ class MemoryEstimate:
             f"{self.generate_peak:.1f}) of {c.usable_gib:.1f} usable: "
             + ("fits" if self.fits else "DOES NOT FIT")
         )
+        lines.extend(f"  engine {e}" for e in self.engines)
         lines.extend(f"  problem: {p}" for p in self.problems)
         return "\n".join(lines)
 
@@ -395,6 +397,14 @@ def _engine_terms(plans: list[AgentPlan], cluster: ClusterPlan, est: MemoryEstim
         adapters = _gib(sum(p.shape.lora_params(p.lora_r, p.lora_targets) * b / tp for p in members
                             if p.lora_r is not None and engine.key != p.name))  # fmt: skip
         need = weights + kv_one + adapters + ENGINE_OVERHEAD_GIB
+        # what is left for the KV cache, in tokens, and how many full-length sequences fit at
+        # once: more in flight than that and vLLM queues or pre-empts (a speed cost, not memory)
+        kv_token = _gib(first.shape.kv_bytes_per_token(b) * kv_share)
+        kv_tokens = max(0, int((budget - weights - adapters - ENGINE_OVERHEAD_GIB) / kv_token))
+        est.engines.append(
+            f"{key}: KV cache for {kv_tokens} tokens = {kv_tokens // engine.max_model_len} "
+            f"sequences of max_model_len={engine.max_model_len} at once"
+        )
         if budget < need:
             est.problems.append(
                 f"vLLM engine of {key}: gpu_memory_utilization={engine.gpu_memory_utilization} "

@@ -88,6 +88,7 @@ def agent_plan(
         engine = EnginePlan(
             gpu_memory_utilization=float(vllm.get("gpu_memory_utilization", 0.3)),
             sleep=bool(vllm.get("enable_sleep_mode", False)),
+            # the same length the engine is given (GenerationConfig.max_model_len)
             max_model_len=int(vllm.get("max_model_len") or seq_len),
             key=str(model["path"]) if vllm.get("shared_base") and lora else name,
             tensor_parallel_size=int(vllm.get("tensor_parallel_size") or 1),
