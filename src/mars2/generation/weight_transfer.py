@@ -14,6 +14,7 @@ trainer). Every call has a timeout and every failure raises.
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import threading
@@ -54,7 +55,7 @@ def http_json(url: str, body: Any = None, *, timeout: float, method: str | None 
     except urllib.error.HTTPError as err:
         detail = err.read().decode(errors="replace")[:2000]
         raise ServerError(f"{url} answered {err.code}: {detail}") from err
-    except (urllib.error.URLError, OSError, TimeoutError) as err:
+    except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException) as err:
         raise ServerError(f"{url} did not answer within {timeout:.0f} s: {err}") from err
     if not raw.strip():
         return None
