@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -142,9 +143,10 @@ def e2b_faults(rng: random.Random, tmp: Path) -> Trial:
     """The E2B pool against a fake SDK (the remote service cannot be reached from here) that
     answers 429, 5xx, timeouts and slow creations at random: same verdicts as a fault-free run,
     the concurrency cap and creation rate honoured, retries counted."""
+    from tests.fakes import e2b_sdk
+
     from mars2.sandbox.base import Job
     from mars2.sandbox.pool.e2b import E2BSandbox
-    from tests.fakes import e2b_sdk
 
     jobs = [Job(ADD, "stdin", TESTS), Job("print(3)", "stdin", TESTS)] * 4
 
@@ -175,7 +177,7 @@ def e2b_faults(rng: random.Random, tmp: Path) -> Trial:
     got, retried, state = run(True)
     elapsed = time.monotonic() - began
     times = sorted(state.create_times)
-    rate_ok = all(b - a >= 1 / 20.0 - 0.01 for a, b in zip(times, times[1:], strict=False))
+    rate_ok = all(b - a >= 1 / 20.0 - 0.01 for a, b in itertools.pairwise(times))
     survived = got == clean and state.peak <= 3 and rate_ok
     return Trial(
         survived=survived, exact=got == clean, recover_s=elapsed,
@@ -205,7 +207,7 @@ def dataset_row(rng: random.Random, tmp: Path) -> Trial:
         .encode()
         for i in range(20)
     ]  # fmt: skip
-    lines = good[:at] + [BAD_LINES[kind]] + good[at:]
+    lines = [*good[:at], BAD_LINES[kind], *good[at:]]
     path = tmp / "rows.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")
     began = time.monotonic()
@@ -513,24 +515,22 @@ def faults() -> list[Fault]:
             "previous ckpt loadable",
             disk_full,
             skip=skip_disk,
-        ),  # fmt: skip
-        Fault(
-            "MLflow sqlite store locked", "kept locally, synced", mlflow_locked, max_trials=3
-        ),  # fmt: skip
+        ),
+        Fault("MLflow sqlite store locked", "kept locally, synced", mlflow_locked, max_trials=3),
         Fault(
             "trainer kill -9 at a random point",
             "resume",
             trainer_kill9,
             cheap=False,
             skip=skip_trainer,
-        ),  # fmt: skip
+        ),
         Fault(
             "trainer SIGTERM (preemption)",
             "ckpt, exit 143, resume",
             trainer_sigterm,
             cheap=False,
             skip=skip_trainer,
-        ),  # fmt: skip
+        ),
     ]
 
 
