@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv sandbox-deps models train test test-vllm lint typecheck bench bench-rollout-vllm bench-rollout-server clean
+.PHONY: venv sandbox-deps models train test test-vllm lint typecheck bench bench-rollout-vllm bench-rollout-server clean chaos
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -88,3 +88,9 @@ bench: models
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .cache
+
+# Fault injection over the whole loop (issue #42): writes the table of docs/reliability.md
+# (~10-15 min on 2 cores; CHAOS_ARGS="--trials 10 --trainer-trials 3"). CI runs the cheap subset
+# (tests/test_chaos.py).
+chaos: models sandbox-deps
+	MARS2_TINY_MODELS=$(abspath $(TINY_DIR)) $(PY) benchmarks/chaos.py --out docs/reliability.md $(CHAOS_ARGS)

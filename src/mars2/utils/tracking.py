@@ -32,6 +32,7 @@ from mars2.utils.atomic import atomic_write_text
 log = logging.getLogger(__name__)
 
 RECORD = "mlflow_run.json"
+log = logging.getLogger(__name__)
 _REPLACEMENTS = (("@", "_at_"), ("+", "_"), ("(", "_"), (")", ""))
 
 
@@ -158,13 +159,58 @@ class RunTracker(MLFlowLogger):
         for old in [s for s in self._logged if s < at - 1]:  # steps only move forward
             del self._logged[old]
         if clean:
+            self._sync_pending()
             try:
                 super().log_metrics(clean, step)
+            except Exception as error:  # the store is locked or unreachable: keep, sync later
+                if self._landed(next(iter(clean)), at):
+                    seen.update(clean)
+                    return
+                self._keep(clean, at, error)
+                seen.update(clean)
+                return
             except BaseException:  # e.g. Ctrl-C: the flush that follows retries what did not land
                 if self._landed(next(iter(clean)), at):
                     seen.update(clean)
                 raise
             seen.update(clean)
+
+    # Metrics the tracking store refused (sqlite locked by another writer, a server that refuses
+    # connections): written to <run folder>/metrics_pending.jsonl and sent, in order, with the
+    # next metrics the store takes (or at the end of the run); never a silent gap.
+    PENDING = "metrics_pending.jsonl"
+
+    def _pending_path(self) -> Path | None:
+        return self.run_dir / self.PENDING if self.run_dir is not None else None
+
+    def _keep(self, metrics: Mapping[str, float], step: int, error: Exception) -> None:
+        path = self._pending_path()
+        if path is None:
+            raise error
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps({"step": step, "metrics": dict(metrics)}) + "\n")
+        log.warning(
+            "MLflow store %s refused the metrics of step %d (%s: %s); the run goes on and keeps "
+            "them in %s, sent when the store takes metrics again",
+            self._tracking_uri, step, type(error).__name__, str(error).splitlines()[0][:200], path,
+        )  # fmt: skip
+
+    def _sync_pending(self) -> bool:
+        """Send the kept metrics; True when none are left."""
+        path = self._pending_path()
+        if path is None or not path.exists():
+            return True
+        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+        for index, row in enumerate(rows):
+            try:
+                MLFlowLogger.log_metrics(self, row["metrics"], row["step"])
+            except Exception:
+                left = "".join(json.dumps(r) + "\n" for r in rows[index:])
+                path.write_text(left, encoding="utf-8")
+                return False
+        path.unlink()
+        log.info("MLflow store is back: %d kept metric row(s) synced", len(rows))
+        return True
 
     def _landed(self, name: str, step: int) -> bool:
         """Whether `name` at `step` is in the run (one batch of metrics is written at once)."""
@@ -175,6 +221,12 @@ class RunTracker(MLFlowLogger):
         return any(int(point.step) == step for point in history)
 
     def finalize(self, status: str = "success") -> None:
+        if not self._sync_pending():
+            log.warning(
+                "MLflow store %s still refuses metrics at the end of the run: they stay in %s "
+                "(rerun with resume=true to send them, or import that file)",
+                self._tracking_uri, self._pending_path(),
+            )  # fmt: skip
         if status == "failed" and isinstance(sys.exc_info()[1], KeyboardInterrupt | SystemExit):
             status = "KILLED"  # Ctrl-C, or SIGTERM (Lightning raises SIGTERMException)
         super().finalize(status)
