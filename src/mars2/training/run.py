@@ -188,6 +188,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     quiet_libraries()
     out = Path(str(cfg.paths.output_dir))
     print(f"Run folder: {out}", flush=True)
+    if cfg.get("print_config"):
+        log.info("the resolved config:\n%s", OmegaConf.to_yaml(cfg, resolve=True).rstrip())
     check_train(cfg)
     cfg.ckpt_path = resolve_checkpoint(cfg)  # resume=true: the run folder's newest checkpoint
     if truthy(cfg.get("resume")) and not cfg.ckpt_path:  # its checkpoints went since the check
