@@ -271,3 +271,11 @@ def test_train_cli_refuses_before_loading_a_model(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert result.stderr.startswith("Error: the run needs") and "Traceback" not in result.stderr
     assert "usable (79.2 GiB GPU)" in result.stderr
+
+
+def test_memory_tool_names_the_nearest_experiment(capsys) -> None:
+    from mars2.training.memory import main
+
+    assert main(["experiment=tiny_pairr"]) == 1
+    err = capsys.readouterr().err
+    assert "did you mean experiment=tiny_pair?" in err and "Could not find" not in err

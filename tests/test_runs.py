@@ -673,3 +673,16 @@ def test_the_final_block_names_the_eval_command_of_its_checkpoint(tmp_path: Path
     (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"x")
     last = tmp_path / "checkpoints" / "last.ckpt"
     assert eval_command(cfg, tmp_path) == f"mars2-eval experiment=tiny_pair ckpt_path={last}"
+
+
+def test_a_finished_run_shows_a_short_table() -> None:
+    from mars2.training.run import summary_table
+
+    table = summary_table(3, {"reward": 0.5, "solve_rate": 0.25, "tiny_qwen3/loss": 0.125,
+                              "tiny_qwen3/kl": 0.0, "grading_seconds": 1.0})  # fmt: skip
+    assert table.splitlines() == [
+        "finished at step 3; the last step:",
+        "  reward           0.5000",
+        "  solve_rate       0.2500",
+        "  tiny_qwen3/loss  0.1250",
+    ]

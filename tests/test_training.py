@@ -292,3 +292,35 @@ def test_agent_statistics_are_summed_over_two_gloo_ranks(tmp_path: Path) -> None
     assert states[0] == states[1]  # every rank, rank 0 (the one that checkpoints) included
     for name, stats in alone.state_dict()["stats"].items():
         assert states[0]["stats"][name] == pytest.approx(stats)
+
+
+def test_without_a_terminal_progress_is_one_line_per_step(caplog) -> None:
+    """A batch job's log holds one line per step (step, reward, solve rate, loss per agent, time),
+    not a bar's carriage-return frames; the warm start one line per epoch."""
+    import logging
+    from types import SimpleNamespace
+
+    import torch
+
+    from mars2.training.progress import StepProgressBar, warm_start_bar
+
+    bar = StepProgressBar(lines=True)
+    assert bar.is_disabled
+    trainer = SimpleNamespace(
+        max_steps=20, datamodule=SimpleNamespace(next_step=3),
+        callback_metrics={"reward": torch.tensor(0.5), "solve_rate": torch.tensor(0.25),
+                          "tiny_qwen3/loss": torch.tensor(0.125), "tiny_llama/loss": torch.tensor(1.5),
+                          "tiny_qwen3/kl": torch.tensor(0.0)},
+    )  # fmt: skip
+    bar._trainer = trainer  # type: ignore[assignment]
+    line = bar.step_line(trainer)  # type: ignore[arg-type]
+    assert line.startswith("step 3/20, reward 0.500, solve rate 0.250, ")
+    assert "loss tiny_qwen3 0.1250 tiny_llama 1.5000" in line and "kl" not in line
+    with (
+        caplog.at_level(logging.INFO, logger="mars2.training.progress"),
+        warm_start_bar("tiny_qwen3", 2) as show,
+    ):
+        show(0.5)
+        show(0.25)
+    epochs = [r.getMessage() for r in caplog.records if "warm start" in r.getMessage()]
+    assert len(epochs) == 2 and "epoch 2/2, loss 0.2500" in epochs[1]

@@ -275,6 +275,26 @@ def table(gpus: tuple[str, ...] = ("h200", "h100")) -> str:
     return "\n".join(lines)
 
 
+def _unknown_option(text: str) -> str | None:
+    """Hydra's "Could not find 'experiment/x' Available options ..." as our one paragraph."""
+    import difflib
+    import re
+
+    found = re.search(
+        r"Could not (?:find|load) '([^']+)/([^'/]+)'.*?Available options in '[^']+':(.*)", text
+    )
+    if not found:
+        return None
+    group, name, rest = found.groups()
+    options = rest.split()
+    near = difflib.get_close_matches(name, options, n=1)
+    hint = f" (did you mean {group}={near[0]}?)" if near else ""
+    return (
+        f"{group}={name}: there is no {group} config named {name!r}{hint}. The {group} configs "
+        f"are: {', '.join(options)}."
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print the estimate of the overrides' config (or the table); errors are one paragraph."""
     from hydra.errors import HydraException
@@ -292,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     except (HydraException, OmegaConfBaseException, ValueError, KeyError) as error:
         text = str(error).strip().split("Config search path")[0]  # Hydra appends its search path
         text = " ".join(line.strip() for line in text.splitlines() if line.strip())
-        text = text or type(error).__name__
+        text = _unknown_option(text) or text or type(error).__name__
         print(f"Error: {text} (python -m mars2.training.memory --help)", file=sys.stderr)
         return 1
     print(est.report())

@@ -1,8 +1,13 @@
-"""Progress a user can read: a training bar with a total and an ETA, a warm-start bar."""
+"""Progress a user can read: a training bar with a total and an ETA, a warm-start bar; without
+a terminal (a batch job, a pipe) one log line per step and per warm-start epoch instead, which a
+log file holds (the run's ``train.log`` gets them through the logging setup)."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -10,10 +15,30 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import TQDMProgressBar
 from tqdm.auto import tqdm
 
+log = logging.getLogger(__name__)
+
+
+def interactive() -> bool:
+    """Whether progress goes to a terminal (bars) or to a log (lines); tqdm writes to stderr."""
+    return sys.stderr.isatty()
+
 
 @contextlib.contextmanager
 def warm_start_bar(agent: str, epochs: int) -> Iterator[Callable[[float], None]]:
     """A bar over one agent's warm-start epochs; yields the per-epoch callback (takes the loss)."""
+    if not interactive():
+        done = iter(range(1, epochs + 1))
+        started = time.monotonic()
+
+        def on_line(loss: float) -> None:
+            epoch = next(done, epochs)
+            log.info(
+                "warm start %s: epoch %d/%d, loss %.4f, %.1f s",
+                agent, epoch, epochs, loss, time.monotonic() - started,
+            )  # fmt: skip
+
+        yield on_line
+        return
     with tqdm(total=epochs, desc=f"warm start {agent}", unit="epoch", dynamic_ncols=True) as bar:
 
         def on_epoch(loss: float) -> None:
@@ -30,6 +55,33 @@ class StepProgressBar(TQDMProgressBar):
     fresh run only), and it leaves out the logger's version (`v_num`)."""
 
     LABEL = "Training"
+
+    def __init__(self, *args: Any, lines: bool | None = None, **kwargs: Any) -> None:
+        """`lines`: one log line per step instead of a bar (None: when stderr is no terminal)."""
+        self.lines = not interactive() if lines is None else lines
+        super().__init__(*args, **kwargs)
+        self._started = time.monotonic()
+        if self.lines:
+            self.disable()
+
+    def step_line(self, trainer: pl.Trainer) -> str:
+        """`step 3/20: reward 0.42, solve rate 0.50, loss tiny_qwen3 0.123 tiny_llama 0.456, 12.3 s`"""
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        total = self.total_train_batches
+        of = f"/{int(total)}" if total != float("inf") else ""
+        parts = [f"step {self._done(trainer)}{of}"]
+        if "reward" in metrics:
+            parts.append(f"reward {metrics['reward']:.3f}")
+        if "solve_rate" in metrics:
+            parts.append(f"solve rate {metrics['solve_rate']:.3f}")
+        losses = [
+            f"{k.split('/', 1)[0]} {v:.4f}" for k, v in metrics.items()
+            if k.endswith("/loss") and k.count("/") == 1
+        ]  # fmt: skip
+        if losses:
+            parts.append("loss " + " ".join(losses))
+        parts.append(f"{time.monotonic() - self._started:.1f} s")
+        return ", ".join(parts)
 
     @property
     def total_train_batches(self) -> int | float:
@@ -54,7 +106,8 @@ class StepProgressBar(TQDMProgressBar):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # A run resumed mid-epoch gets no on_train_epoch_start: the total is set here too.
-        super().on_train_start(trainer, pl_module)
+        self._started = time.monotonic()
+        super().on_train_start(trainer, pl_module)  # with `lines`, the bar is disabled: silent
         self._sync(trainer, start=True)
         self.train_progress_bar.refresh()
 
@@ -77,4 +130,7 @@ class StepProgressBar(TQDMProgressBar):
         batch_idx: int,
     ) -> None:  # fmt: skip
         self._sync(trainer)
+        if self.lines:
+            log.info("%s", self.step_line(trainer))
+            return
         self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))

@@ -191,6 +191,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     quiet_libraries()
     out = Path(str(cfg.paths.output_dir))
     print(f"Run folder: {out}", flush=True)
+    if cfg.get("print_config"):
+        log.info("the resolved config:\n%s", OmegaConf.to_yaml(cfg, resolve=True).rstrip())
     check_train(cfg)
     cfg.ckpt_path = resolve_checkpoint(cfg)  # resume=true: the run folder's newest checkpoint
     if truthy(cfg.get("resume")) and not cfg.ckpt_path:  # its checkpoints went since the check
@@ -226,16 +228,26 @@ def train(cfg: DictConfig) -> dict[str, float]:
             "(or trainer.max_steps) to continue it",
             cfg.ckpt_path, trainer.global_step, trainer.max_steps,
         )  # fmt: skip
-    log.info(
-        "finished at step %d: %s",
-        trainer.global_step,
-        {k: round(v, 4) for k, v in metrics.items() if "/" not in k},
-    )
+    log.info("%s", summary_table(trainer.global_step, metrics))
     print(written(out, trainer), flush=True)
     command = eval_command(cfg, out)
     if command:
         print(f"Evaluate it:\n  {command}", flush=True)
     return metrics
+
+
+# The last step's numbers a finished run shows (all of them are in MLflow and the callback metrics).
+_SUMMARY = ("reward", "solve_rate", "nodes", "generator_busy", "sandbox_busy", "rollout_seconds")
+
+
+def summary_table(step: int, metrics: dict[str, float]) -> str:
+    """A short table of the last step: the team's numbers, then each agent's loss."""
+    rows = [(k, metrics[k]) for k in _SUMMARY if k in metrics]
+    rows += sorted((k, v) for k, v in metrics.items() if k.endswith("/loss") and k.count("/") == 1)
+    width = max((len(k) for k, _ in rows), default=0)
+    lines = [f"finished at step {step}; the last step:"]
+    lines += [f"  {k:<{width}}  {v:.4f}" for k, v in rows]
+    return "\n".join(lines)
 
 
 # Overrides an evaluation must repeat to build the same agents as the training run.

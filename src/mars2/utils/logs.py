@@ -27,11 +27,13 @@ def one_line_per_message() -> None:
         logger.propagate = True
 
 
-# Library messages that say nothing about the run: adverts, and MLflow creating an experiment
-# that a first run of course does not find.
+# Library messages that say nothing about the run: adverts, the accelerator lines Lightning prints
+# at every start (the trainer config says what is used; a missing GPU is refused before the run),
+# and MLflow creating an experiment that a first run of course does not find.
+_ACCELERATORS = tuple(f"{kind} available:" for kind in ("GPU", "TPU", "HPU", "IPU", "MPS"))
 _NOISE = {
-    "lightning.pytorch.utilities.rank_zero": ("💡 Tip",),
-    "lightning.fabric.utilities.rank_zero": ("💡 Tip",),
+    "lightning.pytorch.utilities.rank_zero": ("💡 Tip", *_ACCELERATORS),
+    "lightning.fabric.utilities.rank_zero": ("💡 Tip", *_ACCELERATORS),
     "lightning.pytorch.loggers.mlflow": ("Experiment with name",),
 }
 
