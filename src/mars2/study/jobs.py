@@ -6,7 +6,6 @@ Every job takes plain JSON-able arguments and returns one JSON-able record (a li
 
 from __future__ import annotations
 
-import json
 import resource
 import statistics
 import tempfile
@@ -311,7 +310,3 @@ def tree_job(task: dict[str, Any], s: dict[str, Any], weights: dict[str, str], s
         "nodes": nodes,
         **_cost(wall, cpu, children),
     }  # fmt: skip
-
-
-def dump(record: dict[str, Any]) -> str:
-    return json.dumps(record, sort_keys=True)

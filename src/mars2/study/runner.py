@@ -99,13 +99,14 @@ def _weights(source: str, seed: int, done: dict[str, dict[str, Any]], study: Stu
     return str(record["weights"]) if arm == "warm" else str(record["weights"][agent])
 
 
-def execute(kind: str, args: tuple[Any, ...]) -> dict[str, Any]:
-    """In a worker: run one job; never raises (the error is the record)."""
-    from mars2.study import jobs
+def execute(module: str, kind: str, args: tuple[Any, ...]) -> dict[str, Any]:
+    """In a worker: run one job (``<module>.<kind>_job``); never raises (the error is the
+    record)."""
+    import importlib
 
     began = time.perf_counter()
     try:
-        result = getattr(jobs, f"{kind}_job")(*args)
+        result = getattr(importlib.import_module(module), f"{kind}_job")(*args)
         return {"result": result, "error": None, "job_wall_seconds": time.perf_counter() - began}
     except BaseException as error:  # a failed run is data, not a crash
         if isinstance(error, KeyboardInterrupt):
@@ -134,11 +135,19 @@ def _arguments(study: Study, job: Job, done: dict[str, dict[str, Any]],
     return (task, s, weights, job.seed, f"tree/{job.spec['name']}", "test")
 
 
-def run_study(study: Study, seeds: list[int], out: Path, work: Path, jobs: int = 2,
-              progress: bool = True) -> list[dict[str, Any]]:  # fmt: skip
-    """Run every job not cached; write ``out/runs.jsonl`` (all records, in plan order)."""
-    from mars2.study.jobs import dump, worker_init
+def dump(record: dict[str, Any]) -> str:
+    return json.dumps(record, sort_keys=True)
 
+
+def run_study(study: Study, seeds: list[int], out: Path, work: Path, jobs: int = 2,
+              progress: bool = True, module: str = "mars2.study.jobs") -> list[dict[str, Any]]:  # fmt: skip
+    """Run every job not cached; write ``out/runs.jsonl`` (all records, in plan order).
+
+    `module` holds the job functions (``warm_job``, ``train_job``, ``sample_job``, ``tree_job``)
+    and the workers' ``worker_init``: tests pass a module of cheap stand-ins."""
+    import importlib
+
+    worker_init = importlib.import_module(module).worker_init
     code = code_version()
     planned = plan(study, seeds)
     cache = work / "cache"
@@ -185,7 +194,7 @@ def run_study(study: Study, seeds: list[int], out: Path, work: Path, jobs: int =
                 except Exception as error:
                     finish(job, {"result": None, "error": repr(error), "job_wall_seconds": 0.0})
                     continue
-                running[pool.submit(execute, job.kind, args)] = job
+                running[pool.submit(execute, module, job.kind, args)] = job
             if not running:
                 continue
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
