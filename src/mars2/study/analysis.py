@@ -28,7 +28,30 @@ def load_runs(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def measures(runs: list[dict[str, Any]]) -> dict[str, dict[int, float]]:
+def _flat_team(rows_by_agent: list[list[dict[str, Any]]], budget: int) -> tuple[float, float]:
+    """Flat sampling of a team at the tree's node budget: the first ``budget / agents`` samples of
+    each agent, interleaved; the answer is the first passing the public tests (else the first
+    sample), or the majority over identical programs among those passing public tests (all if
+    none do; ties to the earliest). Returns (public-selection score, vote score)."""
+    per = budget // len(rows_by_agent)
+    first_total = vote_total = 0.0
+    for rows in zip(*rows_by_agent, strict=True):
+        samples = [(r["public"][j] == "1", r["passed"][j] == "1", r["programs"][j])
+                   for j in range(per) for r in rows]  # fmt: skip
+        public = [i for i, x in enumerate(samples) if x[0]]
+        first_total += samples[public[0] if public else 0][1]
+        pool = public or list(range(len(samples)))
+        counts: dict[str, int] = {}
+        for i in pool:
+            counts[samples[i][2]] = counts.get(samples[i][2], 0) + 1
+        top = max(counts.values())
+        chosen = next(i for i in pool if counts[samples[i][2]] == top)
+        vote_total += samples[chosen][1]
+    n = len(rows_by_agent[0])
+    return first_total / n, vote_total / n
+
+
+def measures(runs: list[dict[str, Any]], study: Study | None = None) -> dict[str, dict[int, float]]:
     """measure -> seed -> value, for every measure the runs can give."""
     by_id = {r["id"]: r for r in runs if r.get("error") is None and r.get("result") is not None}
     out: dict[str, dict[int, float]] = {}
@@ -65,6 +88,18 @@ def measures(runs: list[dict[str, Any]]) -> dict[str, dict[int, float]]:
                 put(f"{arm}/{agent}:tokens", seed, tokens)
             put(f"train/{arm}/{'+'.join(record['spec']['members'])}:wall", seed,
                 result["wall_seconds"])  # fmt: skip
+    if study is not None:  # flat sampling of each evaluation's team at the same node budget
+        rows = {(r["spec"]["source"], int(r["seed"])): r["result"]["rows"]
+                for r in by_id.values()
+                if r["kind"] == "sample" and r["spec"]["stream"] == "test"}  # fmt: skip
+        budget = int(study.settings["eval_nodes"])
+        for evaluation in study.evaluations():
+            for seed in sorted({int(r["seed"]) for r in runs}):
+                team = [rows.get((source, seed)) for source in evaluation["agents"]]
+                if all(team):  # every agent sampled (and with rows)
+                    public, vote = _flat_team(team, budget)  # type: ignore[arg-type]
+                    put(f"flat/{evaluation['name']}:public", seed, public)
+                    put(f"flat/{evaluation['name']}:vote", seed, vote)
     for key in list(out):  # gains: trained minus this seed's warm start
         source, _, metric = key.partition(":")
         if metric == "pass1" and not source.startswith(("warm/", "aa/")):
@@ -100,7 +135,7 @@ def verdict(c: dict[str, Any], alpha: float) -> str:
 def analyse(study: Study, runs: list[dict[str, Any]]) -> dict[str, Any]:
     a = study.analysis
     alpha, margin, level = float(a["alpha"]), float(a["margin"]), float(a["level"])
-    values = measures(runs)
+    values = measures(runs, study)
     seeds = sorted({int(r["seed"]) for r in runs})
     failed = sorted(r["id"] for r in runs if r.get("error") is not None)
     comparisons = study.comparisons()

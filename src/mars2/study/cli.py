@@ -78,3 +78,34 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def legacy_arguments(argv: list[str]) -> list[str]:
+    """``scripts/learning_curve.py``'s old options (``--seeds N`` from ``--seed S``, ``--out``,
+    ``--jobs``) as ``mars2-study run`` options on the team_vs_alone study."""
+    parser = argparse.ArgumentParser(prog="learning_curve.py", description=LEGACY)
+    parser.add_argument("--seed", type=int, default=None, help="first seed (default: the study's)")
+    parser.add_argument("--seeds", type=int, default=None, help="how many seeds from --seed")
+    parser.add_argument("--out", default=str(REPO / "logs" / "learning_curve"))
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--study", default=str(REPO / "configs" / "study" / "team_vs_alone.yaml"))
+    args = parser.parse_args(argv)
+    out = [args.study, "--out", args.out, "--jobs", str(args.jobs)]
+    if args.seed is not None or args.seeds is not None:
+        first = 0 if args.seed is None else args.seed
+        count = len(load_study(args.study).seeds) if args.seeds is None else args.seeds
+        out += ["--seeds", *map(str, range(first, first + count))]
+    return out
+
+
+LEGACY = (
+    "The CPU learning suite is now the pre-registered study harness `mars2-study` (docs/study.md): "
+    "this runs configs/study/team_vs_alone.yaml, then writes its report."
+)
+
+
+def legacy_main(argv: list[str] | None = None) -> None:
+    """``python scripts/learning_curve.py [--seeds N] [--seed S] [--out DIR]``: run and report."""
+    args = legacy_arguments(sys.argv[1:] if argv is None else argv)
+    main(["run", *args])
+    main(["report", *args])

@@ -44,10 +44,13 @@ def _grader(task: dict[str, Any]) -> tuple[Any, Any]:
     return sandbox, build_grader(cfg, sandbox)
 
 
-def _problems(task: dict[str, Any], part: str, seed: int) -> list[Any]:
+def _problems(task: dict[str, Any], part: str, seed: int, limit: int | None = None) -> list[Any]:
     from mars2.data.sources import skills
 
-    return skills(part, seed=seed, layout=task["layout"])
+    problems = skills(part, seed=seed, layout=task["layout"])
+    if limit is None:
+        return problems
+    return problems[:: max(1, len(problems) // limit)][:limit]  # smoke studies: every group
 
 
 def _agent(name: str, path: str, s: dict[str, Any]) -> Any:
@@ -219,6 +222,12 @@ def _vote_key(code: str | None) -> str:
     return " ".join((code or "").split())  # identical programs up to whitespace
 
 
+def _short(code: str | None) -> str:
+    import hashlib
+
+    return hashlib.sha256(_vote_key(code).encode()).hexdigest()[:8]
+
+
 def sample_job(task: dict[str, Any], s: dict[str, Any], weights: str, agent_name: str,
                seed: int, stream: str, part: str) -> dict[str, Any]:  # fmt: skip
     """`samples` seeded samples per test problem: pass@1 (mean over samples), and two flat
@@ -228,13 +237,13 @@ def sample_job(task: dict[str, Any], s: dict[str, Any], weights: str, agent_name
 
     from mars2.eval.runner import chunk_seed, metric_view
     from mars2.generation.factory import build_generators
-    from mars2.generation.prompt import PromptBuilder
+    from mars2.search.prompts import PromptBuilder
 
     wall, cpu = time.perf_counter(), time.process_time()
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     agent = _agent(agent_name, weights, s)
     generator = build_generators({agent_name: agent})[agent_name]
-    problems = _problems(task, part, seed)
+    problems = _problems(task, part, seed, s.get("test_limit"))
     sandbox, grader = _grader(task)
     prompts, n, chunk = PromptBuilder(), s["test_samples"], 16
     rows = []
@@ -259,7 +268,11 @@ def sample_job(task: dict[str, Any], s: dict[str, Any], weights: str, agent_name
                 voted = next(j for j in pool if _vote_key(texts[j]) == top)
                 rows.append({"id": problem.id, "group": problem.metadata["group"],
                              "correct": sum(passed), "n": n, "public_first": passed[first],
-                             "vote": passed[voted]})  # fmt: skip
+                             "vote": passed[voted],
+                             # per sample, for flat selections over several agents' samples:
+                             "public": "".join("01"[x] for x in public),
+                             "passed": "".join("01"[x] for x in passed),
+                             "programs": [_short(texts[j]) for j in range(n)]})  # fmt: skip
     finally:
         sandbox.close()
     return {"rows": rows, **_summarise_rows(rows), **_cost(wall, cpu, children)}
@@ -291,7 +304,7 @@ def tree_job(task: dict[str, Any], s: dict[str, Any], weights: dict[str, str], s
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     agents = {name: _agent(name, path, s) for name, path in weights.items()}
     generators = build_generators(agents)
-    problems = _problems(task, part, seed)
+    problems = _problems(task, part, seed, s.get("test_limit"))
     sandbox, grader = _grader(task)
     try:
         with tempfile.TemporaryDirectory() as tmp:

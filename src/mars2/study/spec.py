@@ -9,6 +9,8 @@ Measures (what a hypothesis compares, one value per seed) are written ``<source>
   start); ``:gain`` the same minus the warm start's; ``:flat_public`` / ``:flat_vote`` flat
   sampling at the tree's node budget, the answer chosen by public tests / majority vote;
 - ``<evaluation>:mcts`` / ``:passN`` Pass@1(MCTS) / Pass@N of an evaluation tree;
+- ``flat/<evaluation>:public`` / ``:vote`` flat sampling of that evaluation's agents at the same
+  node budget (an equal share of samples from each), chosen by public tests / majority vote;
 - ``aa/<agent>:pass1`` the A/A stream (the warm start evaluated on a second sample stream).
 """
 
@@ -165,6 +167,8 @@ def load_study(path: str | Path) -> Study:
 def check_measure(measure: str, sources: set[str], evaluations: set[str], where: str) -> None:
     source, _, metric = measure.partition(":")
     if source in evaluations and metric in TREE_METRICS:
+        return
+    if source.startswith("flat/") and source[5:] in evaluations and metric in ("public", "vote"):
         return
     base = source.replace("aa/", "warm/", 1) if source.startswith("aa/") else source
     if base in sources and metric in SAMPLE_METRICS:
