@@ -1,3 +1,2 @@
-"""Alias of `mars2-study run` + `report` on configs/study/team_vs_alone.yaml (docs/study.md)."""
-from mars2.study.cli import legacy_main
-legacy_main()
+# Alias: `mars2-study run` + `report` on configs/study/team_vs_alone.yaml (docs/study.md).
+__import__("mars2.study.cli", fromlist=["legacy_main"]).legacy_main()

@@ -185,7 +185,8 @@ def run_study(study: Study, seeds: list[int], out: Path, work: Path, jobs: int =
                     finish(job, {"result": None, "error": f"not run: needs failed job(s) {failed}",
                                  "job_wall_seconds": 0.0})  # fmt: skip
             ready = [j for j in waiting if all(n in done for n in j.needs)]
-            ready.sort(key=lambda j: (KIND_ORDER[j.kind], j.seed, -len(j.spec.get("members", []))))
+            # Seed by seed (a study cut short leaves whole seeds), within one the longest first.
+            ready.sort(key=lambda j: (j.seed, KIND_ORDER[j.kind], -len(j.spec.get("members", []))))
             while ready and len(running) < jobs:
                 job = ready.pop(0)
                 waiting.remove(job)
