@@ -151,6 +151,8 @@ def skill_parts(
     for skill, ops in SKILLS.items():
         for symbol in ops:
             ks = rng.sample(range(1, MAX_K + 1), MAX_K)
+            names: tuple[str, ...]
+            sizes: tuple[int, ...]
             if study:
                 names = (f"warm_start_{skill}", f"warm_check_{skill}", "validation", "test",
                          "train")  # fmt: skip

@@ -209,7 +209,7 @@ def train_job(task: dict[str, Any], s: dict[str, Any], arm: dict[str, Any], seed
     ])  # fmt: skip
     module, datamodule, trainer, sandbox = build_run(cfg)
     log, save = StepLog(), SaveAgents(f"{target}/weights")
-    trainer.callbacks.extend([log, save])
+    trainer.callbacks.extend([log, save])  # type: ignore[attr-defined]  # set in __init__
     try:
         trainer.fit(module, datamodule=datamodule)
     finally:

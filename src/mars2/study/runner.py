@@ -127,8 +127,8 @@ def _arguments(study: Study, job: Job, done: dict[str, dict[str, Any]],
         return (task, s, job.spec, job.seed, warm, folder)
     if job.kind == "sample":
         source = job.spec["source"]
-        weights = _weights(source, job.seed, done, study)
-        return (task, s, weights, source.split("/", 1)[1], job.seed, job.spec["stream"], "test")
+        path = _weights(source, job.seed, done, study)
+        return (task, s, path, source.split("/", 1)[1], job.seed, job.spec["stream"], "test")
     weights = {s.split("/", 1)[1]: _weights(s, job.seed, done, study) for s in job.spec["agents"]}
     if len(weights) != len(job.spec["agents"]):
         raise ValueError(f"evaluation {job.spec['name']}: two weights with one agent name")
