@@ -156,3 +156,25 @@ def test_a_bad_study_file_is_refused(tmp_path: Path, change: dict, message: str)
     path.write_text(yaml.safe_dump({**STUDY, **change}))
     with pytest.raises(StudyError, match=message):
         load_study(path)
+
+
+def test_collect_writes_the_finished_runs_and_runs_nothing(study_file: Path, tmp_path: Path,
+                                                           fake: Path) -> None:  # fmt: skip
+    _run(study_file, tmp_path, seeds=[1])
+    study = load_study(study_file)
+    records = run_study(study, study.seeds, tmp_path / "out", tmp_path / "work", jobs=2,
+                        progress=False, module="tests.fakes.study_jobs", collect_only=True)  # fmt: skip
+    assert len(_ran(fake)) == 15 and len(records) == 15
+    assert {r["seed"] for r in records} == {1}
+    assert len((tmp_path / "out" / "runs.jsonl").read_text().splitlines()) == 15
+    # Collecting takes finished jobs of another code version too (a run started before a commit).
+    import mars2.study.runner as runner
+
+    real = runner.code_version
+    try:
+        runner.code_version = lambda: "another-version"  # type: ignore[assignment]
+        again = run_study(study, study.seeds, tmp_path / "out", tmp_path / "work", jobs=2,
+                          progress=False, module="tests.fakes.study_jobs", collect_only=True)  # fmt: skip
+    finally:
+        runner.code_version = real
+    assert len(again) == 15 and len(_ran(fake)) == 15

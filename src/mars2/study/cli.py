@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", help="weights and job cache (resume from here)")
     parser.add_argument("--jobs", type=int, default=2, help="jobs at a time (one core each)")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--collect", action="store_true",
+                        help="run: write runs.jsonl from the finished (cached) jobs, run nothing")  # fmt: skip
     args = parser.parse_args(argv)
     try:
         study = load_study(args.study)
@@ -54,7 +56,8 @@ def main(argv: list[str] | None = None) -> None:
     seeds = args.seeds or study.seeds
     if args.command == "run":
         began = time.perf_counter()
-        records = run_study(study, seeds, out, work, args.jobs, progress=not args.no_progress)
+        records = run_study(study, seeds, out, work, args.jobs, progress=not args.no_progress,
+                            collect_only=args.collect)  # fmt: skip
         shutil.copyfile(study.path, out / "study.yaml")
         failed = [r["id"] for r in records if r["error"] is not None]
         wall = time.perf_counter() - began

@@ -140,8 +140,10 @@ def dump(record: dict[str, Any]) -> str:
 
 
 def run_study(study: Study, seeds: list[int], out: Path, work: Path, jobs: int = 2,
-              progress: bool = True, module: str = "mars2.study.jobs") -> list[dict[str, Any]]:  # fmt: skip
+              progress: bool = True, module: str = "mars2.study.jobs",
+              collect_only: bool = False) -> list[dict[str, Any]]:  # fmt: skip
     """Run every job not cached; write ``out/runs.jsonl`` (all records, in plan order).
+    ``collect_only``: run nothing, write the finished jobs (whatever code version ran them).
 
     `module` holds the job functions (``warm_job``, ``train_job``, ``sample_job``, ``tree_job``)
     and the workers' ``worker_init``: tests pass a module of cheap stand-ins."""
@@ -158,13 +160,17 @@ def run_study(study: Study, seeds: list[int], out: Path, work: Path, jobs: int =
         path = cache / f"{job.id.replace('/', '__')}.json"
         if path.is_file():
             record = json.loads(path.read_text())
-            if record.get("key") == job_key(study, job, code) and record.get("error") is None:
+            # collect_only takes a finished job of any code version (the one it ran with is in
+            # the record); a run reuses only jobs of this code.
+            version = str(record.get("code")) if collect_only else code
+            if record.get("key") == job_key(study, job, version) and record.get("error") is None:
                 done[job.id] = record
     bar = _bar(len(planned), len(done), progress)
     context = multiprocessing.get_context("spawn")
     pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=worker_init)
     running: dict[Future[dict[str, Any]], Job] = {}
-    waiting = [j for j in planned if j.id not in done]
+    # collect_only: write runs.jsonl from the cache, run nothing (a study stopped early).
+    waiting = [] if collect_only else [j for j in planned if j.id not in done]
 
     def finish(job: Job, outcome: dict[str, Any]) -> None:
         record = {"id": job.id, "kind": job.kind, "seed": job.seed, "spec": job.spec,
@@ -209,8 +215,9 @@ def run_study(study: Study, seeds: list[int], out: Path, work: Path, jobs: int =
     finally:  # Ctrl-C: queued jobs are dropped; finished ones stay cached for the resume
         pool.shutdown(wait=True, cancel_futures=True)
         bar.close()
-    records = [done[j.id] for j in planned]
-    (out / "runs.jsonl").write_text("".join(dump(r) + "\n" for r in records))
+        # Every finished job, in plan order (all of them unless the run was stopped).
+        records = [done[j.id] for j in planned if j.id in done]
+        (out / "runs.jsonl").write_text("".join(dump(r) + "\n" for r in records))
     return records
 
 
