@@ -178,3 +178,12 @@ def test_collect_writes_the_finished_runs_and_runs_nothing(study_file: Path, tmp
     finally:
         runner.code_version = real
     assert len(again) == 15 and len(_ran(fake)) == 15
+
+
+def test_sample_streams_and_chunks_get_their_own_seeds() -> None:
+    from mars2.study.jobs import sampling_seed
+
+    seeds = {sampling_seed(1000, stream, chunk) for stream in ("test/a", "test-aa/a", "test/b")
+             for chunk in range(3)}  # fmt: skip
+    assert len(seeds) == 9  # the A/A stream must not replay the test stream (it once did)
+    assert sampling_seed(1000, "test/a", 1) == sampling_seed(1000, "test/a", 1)

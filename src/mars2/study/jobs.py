@@ -218,6 +218,17 @@ def train_job(task: dict[str, Any], s: dict[str, Any], arm: dict[str, Any], seed
             "steps": log.steps, **_cost(wall, cpu, children)}  # fmt: skip
 
 
+def sampling_seed(seed: int, stream: str, chunk: int) -> int:
+    """The torch seed of one chunk of a sample stream: a function of (seed, stream, chunk) only,
+    so one agent's weights in two arms see the same draws (common random numbers), and the A/A
+    stream (another name) and every chunk get their own."""
+    import numpy as np
+
+    from mars2.eval.runner import chunk_seed
+
+    return int(np.random.SeedSequence(chunk_seed(seed, stream, chunk)).generate_state(1)[0])
+
+
 def _vote_key(code: str | None) -> str:
     return " ".join((code or "").split())  # identical programs up to whitespace
 
@@ -235,7 +246,7 @@ def sample_job(task: dict[str, Any], s: dict[str, Any], weights: str, agent_name
     vote over identical programs among those passing public tests (all samples if none do)."""
     import torch
 
-    from mars2.eval.runner import chunk_seed, metric_view
+    from mars2.eval.runner import metric_view
     from mars2.generation.factory import build_generators
     from mars2.search.prompts import PromptBuilder
 
@@ -251,7 +262,7 @@ def sample_job(task: dict[str, Any], s: dict[str, Any], weights: str, agent_name
         full = metric_view(grader)
         for index in range(0, len(problems), chunk):
             part_problems = problems[index : index + chunk]
-            torch.manual_seed(chunk_seed(seed, stream, index // chunk)[0])
+            torch.manual_seed(sampling_seed(seed, f"{stream}/{agent_name}", index // chunk))
             chats = [prompts.fresh_messages(p) for p in part_problems for _ in range(n)]
             completions = generator.generate(chats)
             owners = [p for p in part_problems for _ in range(n)]
