@@ -184,8 +184,17 @@ def analyse(study: Study, runs: list[dict[str, Any]]) -> dict[str, Any]:
         interval = mean_interval([v[s] for s in sorted(v)], level)
         table[key] = {"n": len(v), "mean": interval.mean, "ci": interval.bounds,
                       "per_seed": {str(s): v[s] for s in sorted(v)}}  # fmt: skip
+    cost: dict[str, dict[str, float]] = {}
+    for r in runs:  # where the time went: per job kind, wall and CPU (job process + sandbox)
+        entry = cost.setdefault(r["kind"], {"jobs": 0, "wall_seconds": 0.0, "cpu_seconds": 0.0})
+        entry["jobs"] += 1
+        entry["wall_seconds"] += float(r.get("job_wall_seconds", 0.0))
+        result = r.get("result") or {}
+        entry["cpu_seconds"] += float(result.get("cpu_seconds", 0.0))
+        entry["cpu_seconds"] += float(result.get("sandbox_cpu_seconds", 0.0))
     summary = {
         "study": study.name,
+        "cost": cost,
         "seeds": seeds,
         "failed_runs": failed,
         "runs": len(runs),

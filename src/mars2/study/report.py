@@ -73,6 +73,17 @@ def report_markdown(summary: dict[str, Any], study_raw: dict[str, Any]) -> str:
             continue
         lines.append(f"| {c['id']} | {c['a']} − {c['b']} | {_f(c['mean'])} | {_ci(c['ci'])} | "
                      f"{_p(c['sign_flip_p'])} | {_p(c.get('tost_p'))} | {c['verdict']} |")  # fmt: skip
+    cost = summary.get("cost", {})
+    if cost:
+        lines += ["", "## Where the time went (per job kind, summed over jobs)", "",
+                  "| job kind | jobs | wall s (sum over workers) | CPU s (job + sandbox) |",
+                  "| --- | --- | --- | --- |"]  # fmt: skip
+        for kind, c in cost.items():
+            lines.append(f"| {kind} | {c['jobs']} | {c['wall_seconds']:.0f} | "
+                         f"{c['cpu_seconds']:.0f} |")  # fmt: skip
+        total = sum(c["cpu_seconds"] for c in cost.values())
+        lines += ["", f"CPU in jobs: {total:.0f} s (about {total / 120:.0f} min on 2 idle cores, "
+                  "before process start-up and model loading outside the jobs' clocks)."]  # fmt: skip
     lines += [
         "",
         "## Every measure (mean over seeds, interval)",
