@@ -27,6 +27,7 @@ LAYERS: dict[str, int] = {
     "eval": 7,
     "cli": 8,
     "train": 9,  # the checkout script `python src/mars2/train.py`
+    "study": 9,  # mars2-study: the top; it runs training and eval, nothing imports it
 }
 
 

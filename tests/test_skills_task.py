@@ -94,3 +94,33 @@ def test_reference_solutions_pass_in_the_sandbox(sandbox, tmp_path) -> None:
 def test_unknown_part_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="unknown skills part 'warm_start'"):
         skills("warm_start")
+
+
+def test_study_layout_splits_differ_between_seeds_and_stay_disjoint() -> None:
+    from mars2.data.skills import STUDY_PARTS, skill_parts
+
+    def ids(parts: dict, names: tuple[str, ...]) -> dict[str, set[str]]:
+        return {name: {p.id for p in parts[name]} for name in names}
+
+    one, two = skill_parts(1000, layout="study"), skill_parts(1001, layout="study")
+    assert set(one) == set(STUDY_PARTS)
+    assert len(one["test"]) == 144 and len(one["validation"]) == 32
+    for name in ("train", "validation", "test", "warm_start_add", "warm_check_mul"):
+        assert ids(one, (name,))[name] != ids(two, (name,))[name], name  # a fresh draw per seed
+    for parts in (one, two):
+        alone = ids(parts, ("train", "validation", "test", "warm_check_add", "warm_check_mul"))
+        warm = ids(parts, ("warm_start_add", "warm_start_mul"))
+        names = list(alone)
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                assert not alone[a] & alone[b], (a, b)
+            assert not alone[a] & (warm["warm_start_add"] | warm["warm_start_mul"]), a
+        # Only the glimpse problems (2 per operator, 4 operators) sit in both warm starts.
+        assert len(warm["warm_start_add"] & warm["warm_start_mul"]) == 8
+    # The same seed draws the same split; warm starts and checks match the suite layout.
+    again = skill_parts(1000, layout="study")
+    assert ids(again, STUDY_PARTS) == ids(one, STUDY_PARTS)
+    suite = skill_parts(1000)
+    assert ids(suite, ("warm_start_add",)) == ids(one, ("warm_start_add",))
+    with pytest.raises(ValueError, match="layout"):
+        skill_parts(0, layout="other")

@@ -44,7 +44,21 @@ PARTS = (
     "warm_check_mul",
     "train",
     "held_out",
+    "validation",
 )
+# The study layout (``layout="study"``, `mars2.study`): the held-out part is replaced by a
+# validation part (for any tuning) and a larger test part (never used to choose anything), so one
+# evaluation of 144 test problems x 8 samples has a sampling SE of at most about 0.02.
+STUDY_PARTS = (
+    "warm_start_add",
+    "warm_start_mul",
+    "warm_check_add",
+    "warm_check_mul",
+    "train",
+    "validation",
+    "test",
+)
+LAYOUTS = ("suite", "study")
 MAX_K = 99
 # Per operator, how many of K = 1..MAX_K go to the warm start of the agent owning the operator,
 # to the check that ends it, and to the held-out part; the rest are RL training problems.
@@ -55,6 +69,10 @@ WITHIN_WARM = 4  # warm-start two-operator problems per within-skill operator pa
 # only 38% of the training problems carry any signal: neither agent learnt alone (README).
 OTHER_WARM = 2
 COMPOSITIONS_TRAIN, COMPOSITIONS_HELD = 16, 3  # per (mul, add) operator pair (4 pairs)
+# Study layout, per operator: WARM + CHECK as above, then validation and test K; per (mul, add)
+# operator pair: validation and test compositions (training keeps COMPOSITIONS_TRAIN).
+STUDY_VALIDATION, STUDY_TEST = 6, 24
+STUDY_COMPOSITIONS_VALIDATION, STUDY_COMPOSITIONS_TEST = 2, 12
 INPUT_RANGE = (-100_000, 100_000)  # wide enough that n // a differs for a and a + 1
 
 
@@ -106,11 +124,18 @@ def _problem(terms: tuple[tuple[str, int], ...], group: str, seed: int,
 
 
 def skill_parts(
-    seed: int = 0, num_public: int = 2, num_private: int = 3
+    seed: int = 0, num_public: int = 2, num_private: int = 3, layout: str = "suite"
 ) -> dict[str, list[Problem]]:
-    """The four disjoint parts: each skill's warm start, RL training and held out (seeded)."""
+    """The disjoint parts: each skill's warm start and check, RL training and held out (seeded).
+
+    ``layout="study"`` replaces held out by ``validation`` and a larger ``test`` (`STUDY_PARTS`);
+    warm starts and checks are the same problems in both layouts for one seed.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown skills layout {layout!r}: use one of {LAYOUTS}")
+    study = layout == "study"
     rng = random.Random(f"{seed}-skills-split")
-    parts: dict[str, list[Problem]] = {part: [] for part in PARTS}
+    parts: dict[str, list[Problem]] = {part: [] for part in (STUDY_PARTS if study else PARTS)}
     drawn: set[tuple[tuple[str, int], ...]] = set()
 
     def add(part: str, terms: tuple[tuple[str, int], ...], group: str) -> None:
@@ -126,9 +151,17 @@ def skill_parts(
     for skill, ops in SKILLS.items():
         for symbol in ops:
             ks = rng.sample(range(1, MAX_K + 1), MAX_K)
-            cuts = (0, WARM, WARM + CHECK, WARM + CHECK + HELD_SINGLE, MAX_K)
-            for part, (lo, hi) in zip((f"warm_start_{skill}", f"warm_check_{skill}", "held_out",
-                                       "train"), itertools.pairwise(cuts), strict=True):  # fmt: skip
+            names: tuple[str, ...]
+            sizes: tuple[int, ...]
+            if study:
+                names = (f"warm_start_{skill}", f"warm_check_{skill}", "validation", "test",
+                         "train")  # fmt: skip
+                sizes = (WARM, CHECK, STUDY_VALIDATION, STUDY_TEST)
+            else:
+                names = (f"warm_start_{skill}", f"warm_check_{skill}", "held_out", "train")
+                sizes = (WARM, CHECK, HELD_SINGLE)
+            cuts = (0, *itertools.accumulate(sizes), MAX_K)
+            for part, (lo, hi) in zip(names, itertools.pairwise(cuts), strict=True):
                 for k in ks[lo:hi]:
                     add(part, ((symbol, k),), skill)
             other = next(name for name in SKILLS if name != skill)
@@ -141,10 +174,13 @@ def skill_parts(
                 add(f"warm_start_{skill}", fresh_pair(op1, op2), skill)
     add_ops, mul_ops = list(SKILLS["add"]), list(SKILLS["mul"])
     for op1, op2 in itertools.product(mul_ops, add_ops):  # mul first: one reading only
-        for index in range(COMPOSITIONS_HELD + COMPOSITIONS_TRAIN):
-            add(
-                "held_out" if index < COMPOSITIONS_HELD else "train",
-                fresh_pair(op1, op2),
-                "composition",
+        if study:
+            layout_parts = ["validation"] * STUDY_COMPOSITIONS_VALIDATION + ["test"] * (
+                STUDY_COMPOSITIONS_TEST
             )
+        else:
+            layout_parts = ["held_out"] * COMPOSITIONS_HELD
+        layout_parts += ["train"] * COMPOSITIONS_TRAIN
+        for part in layout_parts:
+            add(part, fresh_pair(op1, op2), "composition")
     return parts

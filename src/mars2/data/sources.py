@@ -39,10 +39,11 @@ def arithmetic(part: str = "train", seed: int = 0) -> list[Problem]:
     return [problems[i] for i in sorted(parts[part])]
 
 
-def skills(part: str = "train", seed: int = 0) -> list[Problem]:
+def skills(part: str = "train", seed: int = 0, layout: str = "suite") -> list[Problem]:
     """Two-skill arithmetic (see `mars2.data.skills`): ``warm_start_add``, ``warm_start_mul``,
-    ``train`` or ``held_out``, all disjoint."""
-    parts = skill_parts(seed)
+    ``train`` or ``held_out``, all disjoint; with ``layout="study"`` ``validation`` and ``test``
+    instead of ``held_out``. Each seed draws its own split."""
+    parts = skill_parts(seed, layout=layout)
     if part not in parts:
         raise ValueError(f"unknown skills part {part!r}: use {sorted(parts)}")
     return parts[part]
