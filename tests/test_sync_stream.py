@@ -102,4 +102,3 @@ def test_streamed_sync_yields_gathered_tensors_one_at_a_time(
             # streamed: only the yielded tensor is alive (<= the largest); gathered up front: the
             # whole model (tiny_qwen3: ~2x its embedding, the largest tensor)
             assert 0 < r["peak"] <= r["largest"], f"rank {rank} {kind}: {r}"
-    print(r)
