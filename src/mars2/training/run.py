@@ -180,8 +180,9 @@ def check_train(cfg: DictConfig) -> None:
     """Everything a training run checks before it loads a model (the command line runs this
     before it creates the run folder)."""
     apply_allocator_conf(cfg)  # PYTORCH_CUDA_ALLOC_CONF before CUDA starts (the check may start it)
-    check_environment(cfg, "train")  # the accelerator, backends, data files, ckpt_path
+    # The plan's own arithmetic first (a run that cannot fit anywhere), then this machine.
     check_memory(cfg)  # refuses a GPU run that cannot fit, before anything is loaded
+    check_environment(cfg, "train")  # the accelerator, backends, data files, ckpt_path
     validate_train_config(cfg)
 
 
