@@ -17,7 +17,9 @@ protocol (`mars2.generation.weight_transfer`, ``gloo`` on CPU, ``nccl`` on GPU);
 adapter is written once per sync and hot-loaded under a new name (``/v1/load_lora_adapter``), the
 old one unloaded. A full-weight sync pauses the server with ``mode=keep`` (in-flight requests
 wait, none is lost) and is checked afterwards: the server reports the new weight version and,
-when the trainer's weights changed, a different weight checksum.
+when the trainer's weights changed, a different weight checksum. A frozen teammate
+(``trainable: false``) is never synced; it may also use ``api: chat`` (messages to
+``/v1/chat/completions`` of any OpenAI-compatible endpoint, answers re-tokenised, no log-probs).
 """
 
 from __future__ import annotations
