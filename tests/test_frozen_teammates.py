@@ -37,11 +37,10 @@ from mars2.utils.validation import ConfigError, check_trainable
 from tests.test_training import compose_run, scripted_answer
 
 
-def _train(cfg: Any, script: tuple[str, ...] = ("tiny_qwen3",)) -> tuple[Any, Any, Any]:
+def _train(cfg: Any) -> tuple[Any, Any, Any]:
     module, datamodule, trainer, sandbox = build_run(cfg)
-    for name in script:  # scripted answers: mixed rewards from untrained tiny models
-        agent = module.members()[name]
-        agent.generator = ScriptedGenerator(agent.tokenizer, scripted_answer)
+    qwen = module.agents["tiny_qwen3"]  # scripted answers: mixed rewards from an untrained model
+    qwen.generator = ScriptedGenerator(qwen.tokenizer, scripted_answer)
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
     finally:
@@ -86,7 +85,8 @@ def test_an_in_process_frozen_teammate_expands_nodes_shapes_the_others_and_never
     assert len(steps) == 2
     for data in steps:
         # its nodes are in the trees, logged like anyone's, and train nobody
-        assert any(n.agent == "tiny_llama" for t in data.trees for n in t.answers())
+        frozen = [n for t in data.trees for n in t.answers() if n.agent == "tiny_llama"]
+        assert frozen and all(n.completion.logprobs for n in frozen)  # sampled by its policy
         assert "tiny_llama/solve_rate" in data.metrics
         assert data.metrics["tiny_llama/expansion_share"] > 0
         assert data.metrics["trained_samples"] == len(data.samples["tiny_qwen3"])

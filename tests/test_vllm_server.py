@@ -235,26 +235,25 @@ def test_tiny_pair_trains_three_steps_with_both_agents_on_servers(
 def test_a_frozen_teammate_on_a_server_by_url_expands_nodes_and_is_never_synced(
     server: LaunchedServer, tiny_models_dir: Path, tmp_path: Path
 ) -> None:
-    """tiny_llama frozen (trainable=false) on the module's server, tiny_qwen3 trained in-process:
-    the trainer holds only tiny_llama's tokenizer, its nodes come from the server (with the
-    server's log-probs) and the server's weights are never touched."""
+    """tiny_llama frozen (trainable=false) on the module's server, tiny_qwen3 trained in-process
+    (scripted answers, no warm start: mixed rewards in seconds): the trainer holds only
+    tiny_llama's tokenizer, its nodes come from the server (with the server's log-probs) and the
+    server's weights are never touched."""
     import lightning.pytorch as pl
-    from hydra import compose, initialize_config_dir
 
+    from mars2.generation.transformers_backend import ScriptedGenerator
     from mars2.training.run import build_run
+    from tests.test_training import compose_run, scripted_answer
 
-    repo = Path(__file__).resolve().parents[1]
-    with initialize_config_dir(config_dir=str(repo / "configs"), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=[
-            "experiment=tiny_pair", "steps=2", f"paths.output_dir={tmp_path}",
-            f"paths.tiny_models_dir={tiny_models_dir}", f"paths.log_dir={tmp_path}/logs",
-            "logger=none", "~callbacks.progress", "+trainer.enable_progress_bar=false",
-            "sandbox.num_workers=2", "agents.tiny_llama.trainable=false",
-            "agents.tiny_llama.generation.backend=vllm_server",
-            f"+agents.tiny_llama.generation.server={{urls:[{server.url}],model_name:tiny_llama}}",
-        ])  # fmt: skip
+    cfg = compose_run(tmp_path, tiny_models_dir, "steps=2", "logger=none",
+                      "callbacks.checkpoint=null", "agents.tiny_llama.trainable=false",
+                      "agents.tiny_llama.generation.backend=vllm_server",
+                      f"+agents.tiny_llama.generation.server={{urls:[{server.url}],"
+                      "model_name:tiny_llama}")  # fmt: skip
     version = http_json(f"{server.url}/weight_info", timeout=30)["weight_version"]
     module, datamodule, trainer, sandbox = build_run(cfg)
+    qwen = module.agents["tiny_qwen3"]
+    qwen.generator = ScriptedGenerator(qwen.tokenizer, scripted_answer)
     llama = module.members()["tiny_llama"]
     assert isinstance(llama, FrozenAgent) and llama.policy is None
     steps: list[Any] = []
@@ -269,6 +268,7 @@ def test_a_frozen_teammate_on_a_server_by_url_expands_nodes_and_is_never_synced(
     finally:
         sandbox.close()
     assert len(steps) == 2 and len(trainer.optimizers) == 1
+    assert "tiny_qwen3/loss" in trainer.callback_metrics  # the trained agent trained alongside
     nodes = [n for d in steps for t in d.trees for n in t.answers() if n.agent == "tiny_llama"]
     assert nodes and all(n.completion.logprobs is not None for n in nodes)
     assert all(len(n.completion.logprobs) == len(n.completion.token_ids) for n in nodes)

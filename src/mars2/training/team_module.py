@@ -53,7 +53,7 @@ class MultiAgentModule(pl.LightningModule):
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         # .to(device) and dtype casts of the team reach the frozen in-process policies too
         super()._apply(fn, *args, **kwargs)
-        for teammate in self.teammates.values():
+        for teammate in getattr(self, "teammates", {}).values():
             if teammate.policy is not None:
                 teammate.policy._apply(fn)
         return self
