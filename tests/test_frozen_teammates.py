@@ -258,3 +258,45 @@ def test_a_completion_without_token_ids_is_retokenised_for_a_frozen_teammate_onl
     completion = parse_completion([1, 2], answer, tokenizer)  # a frozen teammate
     assert completion.token_ids == tokenizer.encode("print(1)", add_special_tokens=False)
     assert completion.truncated and completion.logprobs is None
+
+
+FAKE_VLLM = """#!{python}
+# A stand-in for vLLM's API server (this venv has no vLLM): records its command line, answers
+# /health, and nothing else.
+import os, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+open(os.environ["FAKE_ARGS"], "w").write(" ".join(sys.argv[1:]))
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+HTTPServer(("127.0.0.1", int(sys.argv[sys.argv.index("--port") + 1])), H).serve_forever()
+"""
+
+
+def test_a_launched_server_for_a_frozen_teammate_takes_no_weight_transfer(
+    tmp_path: Path, tiny_models_dir: Path
+) -> None:
+    """mars2 launches the frozen teammate's server without --weight-transfer-config and never
+    calls it to sync (a fake interpreter stands in for vLLM's)."""
+    import sys
+
+    fake, args = tmp_path / "fake_python", tmp_path / "args"
+    fake.write_text(FAKE_VLLM.format(python=sys.executable))
+    fake.chmod(0o755)
+    config = GenerationConfig(backend="vllm_server", max_new_tokens=4, server={
+        "python": str(fake), "env": {"FAKE_ARGS": str(args)}, "health_timeout_s": 60})  # fmt: skip
+    agent = FrozenAgent("tiny_llama", ModelSpec(str(tiny_models_dir / "tiny_llama")), config)
+    with EnginePool(log_dir=tmp_path / "servers") as pool:
+        generator = build_generators({"tiny_llama": agent}, pool)["tiny_llama"]
+        launched = generator.backend.launched
+        assert launched.alive() and generator.backend.frozen
+        assert not generator.catch_up()  # never stale, never synced
+    command = args.read_text()
+    assert "-m vllm.entrypoints.openai.api_server" in command
+    assert f"--model {tiny_models_dir / 'tiny_llama'}" in command
+    assert "--weight-transfer-config" not in command and "--enable-lora" not in command
+    assert not launched.alive()  # the pool stopped the server it launched
