@@ -354,6 +354,10 @@ def parse_completion(prompt: list[int], answer: dict[str, Any]) -> Completion:
 class VLLMServerGenerator:
     """An agent sampled by vLLM servers; `sync_weights` pushes the trainer's weights to all."""
 
+    # Its weights live in other processes and a sync pauses them with mode=keep (in-flight
+    # requests wait and go on with the new weights): generation may overlap the trainer's updates.
+    overlaps_updates = True
+
     def __init__(
         self,
         name: str,
