@@ -116,7 +116,9 @@ def _engine(driver: str = "pipelined") -> Any:
                            agent_statistics=None)  # fmt: skip
 
 
-def _with_team(datamodule: TreeSearchDataModule, generators: dict[str, Any], world: int = 1) -> None:
+def _with_team(
+    datamodule: TreeSearchDataModule, generators: dict[str, Any], world: int = 1
+) -> None:
     agents = {name: SimpleNamespace(generator=g) for name, g in generators.items()}
     datamodule.trainer = SimpleNamespace(world_size=world, global_rank=0,  # type: ignore[assignment]
                                          lightning_module=SimpleNamespace(agents=agents))  # fmt: skip
