@@ -227,6 +227,56 @@ def test_tiny_pair_trains_three_steps_with_both_agents_on_servers(
     assert (tmp_path / "servers" / "tiny_qwen3.log").stat().st_size > 0
 
 
+def test_one_step_off_policy_with_a_server_agent_trains_on_samples_at_most_one_update_old(
+    server: LaunchedServer, tiny_models_dir: Path, tmp_path: Path
+) -> None:
+    """max_staleness=1: tiny_llama samples on the module's server while the trainer updates it
+    (each sync pauses the server with mode=keep mid-rollout); tiny_qwen3 answers from a script
+    so rewards are mixed and tiny_llama trains every step."""
+    import lightning.pytorch as pl
+    from hydra import compose, initialize_config_dir
+
+    from mars2.generation.transformers_backend import ScriptedGenerator
+    from mars2.training.run import build_run
+    from tests.test_training import scripted_answer
+
+    repo = Path(__file__).resolve().parents[1]
+    with initialize_config_dir(config_dir=str(repo / "configs"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[
+            "experiment=tiny_pair", "data=toy", "warm_start=null", "steps=3",
+            "problems_per_step=2", "search.config.max_nodes=6", f"paths.output_dir={tmp_path}",
+            f"paths.tiny_models_dir={tiny_models_dir}", f"paths.log_dir={tmp_path}/logs",
+            "logger=none", "~callbacks.progress", "+trainer.enable_progress_bar=false",
+            "callbacks.checkpoint=null", "sandbox.num_workers=2",
+            "search.config.driver=pipelined", "max_staleness=1",
+            "agents.tiny_llama.generation.backend=vllm_server",
+            f"+agents.tiny_llama.generation.server={{urls:[{server.url}],model_name:tiny_llama}}",
+        ])  # fmt: skip
+    module, datamodule, trainer, sandbox = build_run(cfg)
+    qwen = module.agents["tiny_qwen3"]
+    qwen.generator = ScriptedGenerator(qwen.tokenizer, scripted_answer)
+    steps: list[dict[str, float]] = []
+
+    class Record(pl.Callback):
+        def on_train_batch_end(self, *args: Any) -> None:
+            steps.append(dict(datamodule.last.metrics))
+
+    trainer.callbacks.append(Record())
+    try:
+        trainer.fit(module, datamodule=datamodule)
+    finally:
+        sandbox.close()
+    assert len(steps) == 3
+    assert all(0.0 <= s["tiny_llama/staleness_mean"] <= 1.0 for s in steps)
+    assert steps[0]["tiny_llama/stale_share"] == 0.0
+    # Step 1's rollout started while the trainer updated on step 0: it sampled from older weights.
+    assert steps[1]["tiny_llama/stale_share"] > 0.0
+    assert "tiny_llama/sampler_kl" in trainer.callback_metrics
+    generator = module.agents["tiny_llama"].generator
+    info = http_json(f"{server.url}/weight_info", timeout=30)
+    assert info["weight_version"] == f"tiny_llama-{generator.backend.weights_version}"
+
+
 def test_a_server_that_dies_fails_its_pending_requests_with_its_log_tail(
     server: LaunchedServer, tiny_models_dir: Path
 ) -> None:  # the module's last test: it kills the shared server
