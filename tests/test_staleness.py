@@ -292,3 +292,33 @@ def test_resume_with_a_rollout_in_flight_loses_and_repeats_no_prompt(
     assert [step for step, _, _ in resumed.steps] == [1, 2]
     trained = [problems for _, problems, _ in whole.steps[:1] + resumed.steps]
     assert trained == [problems for _, problems, _ in whole.steps]
+
+
+def test_training_span_overlaps_the_next_rollout_with_the_update() -> None:
+    from mars2.search.simulation.latency import training_span
+
+    rollouts, updates = [2.0, 2.0, 2.0], [1.0, 1.0, 1.0]
+    assert training_span(rollouts, updates, 0.5, 0) == 6.0 + 3.0 + 1.5  # all in turn
+    # Rollout 0 (2 s) alone; then each update hides under the next rollout, which the sync
+    # after that update pauses (0.5 s): steps 1 and 2 take 2.5 s each, the last update 1.5 s.
+    assert training_span(rollouts, updates, 0.5, 1) == 2.0 + 2.5 + 2.5 + 1.5
+    # A rollout that ends before the update does is never paused: the trainer is the bottleneck.
+    assert training_span([1.0, 1.0], [3.0, 3.0], 0.5, 1) == 1.0 + 3.5 + 3.5
+    with pytest.raises(ValueError):
+        training_span(rollouts, updates, 0.5, 2)
+
+
+def test_settle_waits_for_the_rollout_in_flight_and_keeps_its_batch() -> None:
+    import threading
+
+    datamodule = TreeSearchDataModule(_engine(), max_staleness=1)
+    gate = threading.Event()
+    datamodule._rollout = lambda step: (gate.wait(10), ("data", {"step": step}))[1]  # type: ignore[method-assign]
+    datamodule._start(3)
+    assert datamodule._flying is not None and not datamodule._flying[1].done()
+    threading.Timer(0.2, gate.set).start()
+    datamodule.settle()  # e.g. held-out evaluation: nothing may be in flight while it runs
+    assert datamodule._flying is not None and datamodule._flying[0] == 3
+    assert datamodule._flying[1].result() == ("data", {"step": 3})  # still there for the trainer
+    datamodule.teardown("fit")
+    assert datamodule._flying is None

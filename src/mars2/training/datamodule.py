@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import lightning.pytorch as pl
@@ -216,6 +216,13 @@ class TreeSearchDataModule(pl.LightningDataModule):
             metrics[f"{name}/staleness_mean"] = float(np.mean(ages)) if ages else 0.0
             metrics[f"{name}/stale_share"] = float(np.mean([a > 0 for a in ages])) if ages else 0.0
         return metrics
+
+    def settle(self) -> None:
+        """Wait until no rollout is in flight, keeping its batch for the trainer: evaluation
+        during training shares the generators, the grader and torch's random generator with it,
+        so it runs at such a drained point."""
+        if self._flying is not None:
+            wait([self._flying[1]])
 
     def _drain(self) -> None:
         """Wait for a rollout still in flight and discard it (its step is grown again later)."""
