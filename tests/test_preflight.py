@@ -157,3 +157,16 @@ def test_eval_without_a_checkpoint_refuses_unless_untrained_is_asked_for(tmp_pat
     preflight("eval", [*argv, "eval.allow_untrained=true"])  # a baseline on purpose
     preflight("eval", [*argv, "generation.backend=reference"])  # no weights are scored
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        (["max_staleness=2"], "larger bounds are not built"),
+        (["max_staleness=1"], "needs search.config.driver=pipelined (got 'rounds')"),
+    ],
+)
+def test_max_staleness_out_of_what_is_built_is_refused(
+    tmp_path: Path, overrides: list[str], said: str
+) -> None:
+    assert said in _refused("plain", tmp_path, *overrides)

@@ -322,3 +322,22 @@ def test_settle_waits_for_the_rollout_in_flight_and_keeps_its_batch() -> None:
     assert datamodule._flying[1].result() == ("data", {"step": 3})  # still there for the trainer
     datamodule.teardown("fit")
     assert datamodule._flying is None
+
+
+def test_config_check_refuses_in_process_vllm_with_in_flight_updates() -> None:
+    from omegaconf import OmegaConf
+
+    from mars2.utils.validation import ConfigError, check_in_flight_updates
+
+    def cfg(backend: str, staleness: int) -> Any:
+        return OmegaConf.create({"max_staleness": staleness,
+                                 "search": {"config": {"driver": "pipelined"}},
+                                 "agents": {"a": {"generation": {"backend": backend}}}})  # fmt: skip
+
+    with pytest.raises(
+        ConfigError, match=r"agent 'a': max_staleness=1 with generation\.backend=vllm:"
+    ):
+        check_in_flight_updates(cfg("vllm", 1))
+    for backend in ("vllm_server", "transformers"):
+        check_in_flight_updates(cfg(backend, 1))
+    check_in_flight_updates(cfg("vllm", 0))

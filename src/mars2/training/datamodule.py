@@ -17,10 +17,9 @@ from mars2.training.batching import micro_batches, shuffle_seed
 from mars2.training.distributed import sum_across_ranks
 from mars2.training.members import team_members
 from mars2.training.rollout import RolloutEngine, StepData, TreeBundle
+from mars2.utils.validation import staleness_error
 
 log = logging.getLogger(__name__)
-
-MAX_STALENESS = 1  # the largest max_staleness built (one-step off-policy)
 
 
 class StalenessError(RuntimeError):
@@ -69,19 +68,11 @@ class TreeSearchDataModule(pl.LightningDataModule):
         self, engine: RolloutEngine, max_steps: int | None = None, max_staleness: int = 0
     ) -> None:
         super().__init__()
-        if max_staleness not in range(MAX_STALENESS + 1):
-            raise ValueError(
-                f"max_staleness={max_staleness}: use 0 (on-policy: each step samples after the "
-                "previous update) or 1 (one-step off-policy: step t+1 samples while the trainer "
-                "updates on step t); larger bounds are not built"
-            )
-        driver = getattr(getattr(engine.search, "config", None), "driver", None)
-        if max_staleness > 0 and driver != "pipelined":
-            raise ValueError(
-                f"max_staleness={max_staleness} needs search.config.driver=pipelined (got "
-                f"{driver!r}): in-flight updates let the next step's requests stream to the "
-                "generators while the trainer works, which is what the pipelined driver does"
-            )
+        error = staleness_error(
+            max_staleness, getattr(getattr(engine.search, "config", None), "driver", None)
+        )
+        if error:
+            raise ValueError(error)
         self.engine = engine
         self.max_steps = max_steps
         self.max_staleness = max_staleness
