@@ -139,6 +139,40 @@ def test_lora_adapter_is_hot_loaded_under_a_new_name_and_decodes_like_transforme
         assert greedy_server(generator, prompt, 8) == greedy_transformers(agent.policy, prompt, 8)
 
 
+def test_in_flight_lora_sync_keeps_the_previous_adapter_for_the_requests_still_running(
+    server: LaunchedServer, tiny_models_dir: Path
+) -> None:
+    """With in-flight updates a LoRA sync lands while requests name the previous adapter: it
+    stays loaded until the sync after (every request asked for before a sync ends by then)."""
+    agent = _agent(tiny_models_dir, server.url, lora=True, tokens=48)
+    with EnginePool() as pool:
+        generator = build_generators({"a": agent}, pool, streaming=True, in_flight=True)["a"]
+        first = generator.backend.model
+        generator.hold_floor()  # a step boundary: the update below may land mid-rollout
+        results: dict[int, Completion | BaseException] = {}
+        finished = threading.Event()
+
+        def done(index: int, result: Completion | BaseException) -> None:
+            results[index] = result
+            if len(results) == 8:
+                finished.set()
+
+        generator.submit(CHATS * 4, done)
+        _perturb(agent, 5, only="lora_B")
+        assert generator.catch_up()  # a new adapter while the requests above still run
+        second = generator.backend.model
+        assert finished.wait(300)
+        served = {m["id"] for m in http_json(f"{server.url}/v1/models", timeout=30)["data"]}
+        assert {first, second} <= served  # the previous one kept
+        _perturb(agent, 6, only="lora_B")
+        assert generator.catch_up()
+        served = {m["id"] for m in http_json(f"{server.url}/v1/models", timeout=30)["data"]}
+        assert first not in served and {second, generator.backend.model} <= served
+    assert sorted(results) == list(range(8))
+    assert all(isinstance(r, Completion) and r.token_ids for r in results.values()), results
+    assert {r.weights_version for r in results.values()} == {generator.synced[0]}  # type: ignore[union-attr]
+
+
 def test_full_weights_through_the_gloo_backend_decode_like_transformers(
     server: LaunchedServer, tiny_models_dir: Path
 ) -> None:

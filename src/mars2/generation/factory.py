@@ -239,7 +239,7 @@ def _backend(source: GenerationSource, cfg: GenerationConfig, pool: EnginePool |
             )
         return ReferenceGenerator(answer_key)
     if cfg.backend == "vllm_server":
-        return _server_backend(source, cfg, pool)
+        return _server_backend(source, cfg, pool, in_flight)
     if cfg.backend == "transformers":
         from mars2.generation.transformers_backend import TransformersGenerator
 
@@ -293,7 +293,7 @@ def _backend(source: GenerationSource, cfg: GenerationConfig, pool: EnginePool |
 
 
 def _server_backend(
-    source: GenerationSource, cfg: GenerationConfig, pool: EnginePool | None
+    source: GenerationSource, cfg: GenerationConfig, pool: EnginePool | None, in_flight: bool
 ) -> Any:
     """An agent on vLLM servers: launched for it (owned by the run's `pool`) or at given urls."""
     from mars2.generation.vllm_server import VLLMServerGenerator, check_server_config, launch_server
@@ -330,5 +330,7 @@ def _server_backend(
                                     lora=lora is not None, adapter_dir=adapters,
                                     describe=describe)  # fmt: skip
     generator.launched = launched
+    if in_flight:  # requests asked for before a sync still name the previous adapter
+        generator.keep_adapters = 2
     pool.on_close(generator.close)
     return generator

@@ -385,7 +385,10 @@ class VLLMServerGenerator:
         self._senders: dict[str, Any] = {}
         self._fingerprint: list[float] | None = None
         self._checksums: dict[str, Any] = {}
-        self._adapter: tuple[str, Path] | None = None
+        self._adapters: list[tuple[str, Path]] = []  # loaded, oldest first
+        # Adapters kept loaded: 2 with in-flight updates, where requests asked for before a sync
+        # still name the previous adapter (they end before the next sync, at the step boundary).
+        self.keep_adapters = 1
         self._loaded = 0
         self.weights_version = 0
         self.sync_seconds = 0.0
@@ -539,8 +542,10 @@ class VLLMServerGenerator:
             except ServerError as err:
                 raise ServerError(f"agent {self.name!r}: loading adapter {lora_name} into {url} "
                                   f"failed: {err}\n{self._describe(url)}") from err  # fmt: skip
-        old, self._adapter, self.model = self._adapter, (lora_name, path), lora_name
-        if old is not None:
+        self._adapters.append((lora_name, path))
+        self.model = lora_name
+        while len(self._adapters) > self.keep_adapters:
+            old = self._adapters.pop(0)
             for url in self.endpoints.urls:
                 with contextlib.suppress(ServerError):  # a leftover adapter costs only memory
                     http_json(f"{url}/v1/unload_lora_adapter", {"lora_name": old[0]},
