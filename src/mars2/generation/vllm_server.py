@@ -15,7 +15,7 @@ re-tokenised. `generate` sends a step's requests at once; `submit` (the pipeline
 them one by one and reports each as it finishes. Weights go in through vLLM's weight-transfer
 protocol (`mars2.generation.weight_transfer`, ``gloo`` on CPU, ``nccl`` on GPU); a LoRA agent's
 adapter is written once per sync and hot-loaded under a new name (``/v1/load_lora_adapter``), the
-old one unloaded. A full-weight sync pauses the server with ``mode=keep`` (in-flight requests
+old one unloaded (with in-flight updates, one sync later: `keep_adapters`). A full-weight sync pauses the server with ``mode=keep`` (in-flight requests
 wait, none is lost) and is checked afterwards: the server reports the new weight version and,
 when the trainer's weights changed, a different weight checksum.
 """
