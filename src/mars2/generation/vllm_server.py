@@ -28,6 +28,7 @@ import itertools
 import json
 import logging
 import os
+import secrets
 import shlex
 import signal
 import subprocess
@@ -386,6 +387,7 @@ class VLLMServerGenerator:
         self._fingerprint: list[float] | None = None
         self._checksums: dict[str, Any] = {}
         self._adapters: list[tuple[str, Path]] = []  # loaded, oldest first
+        self._token = secrets.token_hex(3)
         # Adapters kept loaded: 2 with in-flight updates, where requests asked for before a sync
         # still name the previous adapter (they end before the next sync, at the step boundary).
         self.keep_adapters = 1
@@ -528,7 +530,8 @@ class VLLMServerGenerator:
         if self.adapter_dir is None:
             raise ValueError(f"agent {self.name!r}: a LoRA agent on servers needs an adapter_dir")
         self._loaded += 1
-        lora_name = f"{self.base_model}-lora-{self._loaded}"
+        # unique to this generator: a server at `urls` may still hold another run's adapters
+        lora_name = f"{self.base_model}-lora-{self._token}-{self._loaded}"
         path = self.adapter_dir / lora_name
         policy.save_pretrained(str(path), state_dict=adapter_state(policy))
         for url in self.endpoints.urls:
