@@ -8,6 +8,15 @@ instant. Both round-synchronous schemes run the unmodified rounds driver, whose 
 pipelined driver runs on its virtual runtime with the same models. Targets: pipelined >= 1.5x
 the nodes/s of rounds and >= 3x of one-at-a-time, generator busy >= 90%.
 
+Off-policy (the same run, `--off-policy-steps`): the step time of one-step off-policy
+(``max_staleness=1``: step t+1's rollout runs while the trainer updates on step t) against
+on-policy, side by side. Each step's pipelined rollout is simulated as above (its own seed); the
+trainer is a `TrainerModel` on its own GPUs (disaggregated layout): ``--train-token-seconds`` per
+trained token (prompt, `PROMPT_TOKENS`, plus completion) and a ``--sync-seconds`` weight sync that
+pauses the servers; `training_span` lays the steps out. The default 1.2e-4 s/token is an 8B model's
+forward and backward (6 x 8e9 FLOPs per token) at 40% of an H100's 989 dense bf16 TFLOPs; the
+sweep rescales it so that the update takes 0.25x to 2x the mean rollout.
+
 Tiny (honest check on real models): the tiny Qwen3 and Llama agents on the transformers backend
 (CPU), the local sandbox, wall clock, a short budget.
 
@@ -37,7 +46,14 @@ import numpy as np
 
 from mars2.search.runner import SearchConfig, TreeSearch
 from mars2.search.simulation.environment import SimulatedAgent, SimulatedGrader, simulated_problems
-from mars2.search.simulation.latency import AnswerLengths, EngineModel, SandboxModel, VirtualClock
+from mars2.search.simulation.latency import (
+    AnswerLengths,
+    EngineModel,
+    SandboxModel,
+    TrainerModel,
+    VirtualClock,
+    training_span,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMES = {
@@ -50,6 +66,7 @@ FAST = EngineModel(token_seconds=0.02, capacity=256, contention=0.5)
 SLOW = EngineModel(token_seconds=0.04, capacity=256, contention=0.5)
 LENGTHS = AnswerLengths(median=1500, sigma=0.7, max_tokens=8192)
 SANDBOX = SandboxModel(workers=32, per_test_seconds=0.05, overhead_seconds=1.0)
+PROMPT_TOKENS = 1024  # per trained sample: statement plus, for refinements, the parent's answer
 
 
 def _simulated_team(skills: dict[str, float], clock: VirtualClock | None) -> dict[str, Any]:
@@ -86,6 +103,48 @@ def run_simulated(trees: int, nodes: int, width: int, seed: int) -> dict[str, di
         busy = search.timings.busy if clock is None else clock.busy
         results[scheme] = _row(grown, span, busy, real)
     return results
+
+
+def run_off_policy(
+    trees: int, nodes: int, width: int, seed: int, steps: int, trainer: TrainerModel
+) -> dict[str, Any]:
+    """Step times of on-policy and one-step off-policy training, for `trainer` and a sweep."""
+    problems = simulated_problems(trees)
+    rng = np.random.default_rng(seed)
+    skills = {p.id: float(rng.beta(1, 20)) for p in problems}  # as run_simulated draws them
+    rollouts, tokens = [], []
+    for step in range(steps):
+        config = SearchConfig(max_nodes=nodes, expansions_per_round=width, clock="virtual",
+                              driver="pipelined")  # fmt: skip
+        search = TreeSearch(config)
+        grown = search.grow(problems, _simulated_team(skills, None), SimulatedGrader(latency=SANDBOX),
+                            np.random.default_rng([seed, step]))  # fmt: skip
+        rollouts.append(search.timings.span)
+        tokens.append(sum(PROMPT_TOKENS + len(n.completion.token_ids)
+                          for t in grown for n in t.answers()))  # fmt: skip
+    mean_rollout = float(np.mean(rollouts))
+    rows = {}
+    base = float(np.mean([trainer.update_seconds(n) for n in tokens])) / mean_rollout
+    for label, ratio in [("trainer model", base), *((f"update = {r}x rollout", r)
+                                                     for r in (0.25, 0.5, 1.0, 2.0))]:  # fmt: skip
+        scaled = TrainerModel(trainer.token_seconds * ratio / base, trainer.sync_seconds)
+        updates = [scaled.update_seconds(n) for n in tokens]
+        on = training_span(rollouts, updates, scaled.sync_seconds, 0) / steps
+        off = training_span(rollouts, updates, scaled.sync_seconds, 1) / steps
+        rows[label] = {"update_s": float(np.mean(updates)), "on_s": on, "off_s": off,
+                       "gain": on / off}  # fmt: skip
+    return {"rollout_s": mean_rollout, "tokens": float(np.mean(tokens)), "rows": rows}
+
+
+def print_off_policy(result: dict[str, Any], steps: int, trainer: TrainerModel) -> None:
+    print(f"one-step off-policy vs on-policy, simulated, {steps} steps: mean rollout "
+          f"{result['rollout_s']:.1f} virtual s, {result['tokens']:.0f} trained tokens per step, "
+          f"sync {trainer.sync_seconds:g} s")  # fmt: skip
+    print(f"  {'trainer':22} {'update s':>9} {'on-policy s/step':>17} {'off-policy s/step':>18} "
+          f"{'gain':>6}")  # fmt: skip
+    for label, row in result["rows"].items():
+        print(f"  {label:22} {row['update_s']:9.1f} {row['on_s']:17.1f} {row['off_s']:18.1f} "
+              f"{row['gain']:5.2f}x")  # fmt: skip
 
 
 def _row(grown: list, span: float, busy: dict[str, float], real: float) -> dict[str, Any]:
@@ -352,6 +411,14 @@ def main() -> None:
     parser.add_argument("--vllm-median", type=float, default=24)
     parser.add_argument("--vllm-sigma", type=float, default=1.0)
     parser.add_argument("--vllm-max", type=int, default=384)
+    parser.add_argument(
+        "--off-policy-steps",
+        type=int,
+        default=8,
+        help="simulated steps for the off-policy comparison (0: skip it)",
+    )
+    parser.add_argument("--train-token-seconds", type=float, default=TrainerModel.token_seconds)
+    parser.add_argument("--sync-seconds", type=float, default=TrainerModel.sync_seconds)
     parser.add_argument("--vllm-warm-epochs", type=int, default=None,
                         help="vllm: warm-start epochs (default: the tiny_pair config's)")  # fmt: skip
     args = parser.parse_args()
@@ -362,6 +429,11 @@ def main() -> None:
         simulated,
         "virtual s",
     )
+    if args.off_policy_steps:
+        trainer = TrainerModel(args.train_token_seconds, args.sync_seconds)
+        result = run_off_policy(args.trees, args.nodes, args.width, args.seed,
+                                args.off_policy_steps, trainer)  # fmt: skip
+        print_off_policy(result, args.off_policy_steps, trainer)
     if args.tiny:
         print_table(
             "tiny agents, transformers backend on CPU, local sandbox, wall clock, 8 trees x 6 nodes",

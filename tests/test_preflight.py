@@ -205,3 +205,16 @@ def test_an_mlflow_server_that_answers_passes(tmp_path: Path) -> None:
             check_tracking_server(down)
     finally:
         server.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        (["max_staleness=2"], "larger bounds are not built"),
+        (["max_staleness=1"], "needs search.config.driver=pipelined (got 'rounds')"),
+    ],
+)
+def test_max_staleness_out_of_what_is_built_is_refused(
+    tmp_path: Path, overrides: list[str], said: str
+) -> None:
+    assert said in _refused("plain", tmp_path, *overrides)

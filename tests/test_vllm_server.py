@@ -144,6 +144,40 @@ def test_lora_adapter_is_hot_loaded_under_a_new_name_and_decodes_like_transforme
         assert greedy_server(generator, prompt, 8) == greedy_transformers(agent.policy, prompt, 8)
 
 
+def test_in_flight_lora_sync_keeps_the_previous_adapter_for_the_requests_still_running(
+    server: LaunchedServer, tiny_models_dir: Path
+) -> None:
+    """With in-flight updates a LoRA sync lands while requests name the previous adapter: it
+    stays loaded until the sync after (every request asked for before a sync ends by then)."""
+    agent = _agent(tiny_models_dir, server.url, lora=True, tokens=48)
+    with EnginePool() as pool:
+        generator = build_generators({"a": agent}, pool, streaming=True, in_flight=True)["a"]
+        first = generator.backend.model
+        generator.hold_floor()  # a step boundary: the update below may land mid-rollout
+        results: dict[int, Completion | BaseException] = {}
+        finished = threading.Event()
+
+        def done(index: int, result: Completion | BaseException) -> None:
+            results[index] = result
+            if len(results) == 8:
+                finished.set()
+
+        generator.submit(CHATS * 4, done)
+        _perturb(agent, 5, only="lora_B")
+        assert generator.catch_up()  # a new adapter while the requests above still run
+        second = generator.backend.model
+        assert finished.wait(300)
+        served = {m["id"] for m in http_json(f"{server.url}/v1/models", timeout=30)["data"]}
+        assert {first, second} <= served  # the previous one kept
+        _perturb(agent, 6, only="lora_B")
+        assert generator.catch_up()
+        served = {m["id"] for m in http_json(f"{server.url}/v1/models", timeout=30)["data"]}
+        assert first not in served and {second, generator.backend.model} <= served
+    assert sorted(results) == list(range(8))
+    assert all(isinstance(r, Completion) and r.token_ids for r in results.values()), results
+    assert {r.weights_version for r in results.values()} == {generator.synced[0]}  # type: ignore[union-attr]
+
+
 def test_full_weights_through_the_gloo_backend_decode_like_transformers(
     server: LaunchedServer, tiny_models_dir: Path
 ) -> None:
@@ -275,6 +309,57 @@ def test_a_frozen_teammate_on_a_server_by_url_expands_nodes_and_is_never_synced(
     assert "tiny_llama/solve_rate" in steps[-1].metrics
     assert not [k for k in trainer.callback_metrics if k.startswith("tiny_llama/") and "loss" in k]
     assert http_json(f"{server.url}/weight_info", timeout=30)["weight_version"] == version
+
+
+def test_one_step_off_policy_with_a_server_agent_trains_on_samples_at_most_one_update_old(
+    server: LaunchedServer, tiny_models_dir: Path, tmp_path: Path
+) -> None:
+    """max_staleness=1: tiny_llama samples on the module's server while the trainer updates it
+    (each sync pauses the server with mode=keep mid-rollout); tiny_qwen3 answers from a script
+    so rewards are mixed and tiny_llama trains every step."""
+    import lightning.pytorch as pl
+    from hydra import compose, initialize_config_dir
+
+    from mars2.generation.transformers_backend import ScriptedGenerator
+    from mars2.training.run import build_run
+    from tests.test_training import scripted_answer
+
+    repo = Path(__file__).resolve().parents[1]
+    with initialize_config_dir(config_dir=str(repo / "configs"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[
+            "experiment=tiny_pair", "data=toy", "warm_start=null", "steps=3",
+            "problems_per_step=2", "search.config.max_nodes=6", f"paths.output_dir={tmp_path}",
+            f"paths.tiny_models_dir={tiny_models_dir}", f"paths.log_dir={tmp_path}/logs",
+            "logger=none", "~callbacks.progress", "+trainer.enable_progress_bar=false",
+            "callbacks.checkpoint=null", "sandbox.num_workers=2",
+            "search.config.driver=pipelined", "max_staleness=1",
+            "agents.tiny_llama.generation.backend=vllm_server",
+            f"+agents.tiny_llama.generation.server={{urls:[{server.url}],model_name:tiny_llama}}",
+        ])  # fmt: skip
+    module, datamodule, trainer, sandbox = build_run(cfg)
+    qwen = module.agents["tiny_qwen3"]
+    qwen.generator = ScriptedGenerator(qwen.tokenizer, scripted_answer)
+    steps: list[dict[str, float]] = []
+    served: list[Any] = []
+
+    class Record(pl.Callback):
+        def on_train_batch_end(self, *args: Any) -> None:
+            steps.append(dict(datamodule.last.metrics))
+            served[:] = [module.agents["tiny_llama"].generator]  # detached at the run's end
+
+    trainer.callbacks.append(Record())
+    try:
+        trainer.fit(module, datamodule=datamodule)
+    finally:
+        sandbox.close()
+    assert len(steps) == 3
+    assert all(0.0 <= s["tiny_llama/staleness_mean"] <= 1.0 for s in steps)
+    assert steps[0]["tiny_llama/stale_share"] == 0.0
+    # Step 1's rollout started while the trainer updated on step 0: it sampled from older weights.
+    assert steps[1]["tiny_llama/stale_share"] > 0.0
+    assert "tiny_llama/sampler_kl" in trainer.callback_metrics
+    info = http_json(f"{server.url}/weight_info", timeout=30)  # every update reached the server
+    assert info["weight_version"] == f"tiny_llama-{served[0].backend.weights_version}"
 
 
 def test_a_server_that_dies_fails_its_pending_requests_with_its_log_tail(

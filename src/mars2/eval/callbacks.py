@@ -25,6 +25,14 @@ from mars2.training.members import team_members
 from mars2.utils.atomic import atomic_write_text
 
 
+def _settle(trainer: pl.Trainer) -> None:
+    """With in-flight updates (max_staleness > 0), wait for the rollout in flight: evaluation
+    shares the generators and the grader with it."""
+    settle = getattr(run_datamodule(trainer), "settle", None)
+    if settle is not None:
+        settle()
+
+
 class TreeViewsCallback(pl.Callback):
     """At the end of training: the overview plot over all saved steps and HTML pages of the last
     step's trees (read from ``<output_dir>/trees``, where `MultiAgentCallback` saves them)."""
@@ -89,6 +97,7 @@ class HeldOutEvalCallback(pl.Callback):
 
     def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int) -> None:
         began = time.process_time()
+        _settle(trainer)
         grader = run_datamodule(trainer).engine.grader
         for name, agent in team_members(pl_module).items():
             cached = None
@@ -147,6 +156,7 @@ class TreeEvalCallback(pl.Callback):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         began = time.process_time()
+        _settle(trainer)
         grader = run_datamodule(trainer).engine.grader
         members = team_members(pl_module)
         generators = {}

@@ -3,7 +3,9 @@
 `build_generators` picks the backend from each agent's `GenerationConfig` (vLLM engines come
 from the run's `EnginePool`, LoRA agents on one base share an engine when asked), pushes the
 agent's current weights in, and returns `ServedGenerator`s. A `ServedGenerator` remembers which
-version of its agent's weights it serves and refuses to sample from an older one. With
+version of its agent's weights it serves, stamps every completion with it, and refuses to sample
+from weights older than its agent's current ones (with in-flight updates, older than the weights
+of the last step boundary: see `hold_floor`). With
 ``streaming=True`` (the pipelined driver) vLLM agents get engines fed request by request
 (`mars2.generation.vllm_async`), served by a `StreamingServedGenerator` with the same guarantee.
 """
@@ -42,7 +44,13 @@ class StaleWeightsError(RuntimeError):
 
 
 class ServedGenerator:
-    """An agent's generator: a backend plus the version of the agent's weights it serves."""
+    """An agent's generator: a backend plus the version of the agent's weights it serves.
+
+    Every completion records `served_version` as it was when the completion was asked for
+    (`Completion.weights_version`): a sync that lands while a request runs makes the label older
+    than some of its tokens, never newer. `synced` keeps the versions pushed so far, so
+    `staleness(v)` counts the weight updates the sampler received after version `v`.
+    """
 
     def __init__(self, source: GenerationSource, backend: Any, served_version: int | None = None,
                  config: GenerationConfig | None = None) -> None:  # fmt: skip
@@ -50,16 +58,42 @@ class ServedGenerator:
         self.backend = backend
         self.served_version = served_version
         self.config = config or source.generation_config
+        self.synced: list[int] = [] if served_version is None else [served_version]
+        self.floor: int | None = None  # set by hold_floor: in-flight updates
 
     @property
     def stale(self) -> bool:
         """True when the agent's weights changed since the last sync."""
         return self.served_version != self.source.weights_version
 
+    @property
+    def overlaps_updates(self) -> bool:
+        """Whether the backend may generate while the trainer updates the agent's weights (its
+        weights are its own copy or another process's, and a sync waits for it safely)."""
+        return bool(getattr(self.backend, "overlaps_updates", False))
+
     def sync(self) -> None:
         """Push the agent's current weights into the backend."""
         self.backend.sync_weights(self.source.policy)
         self.served_version = self.source.weights_version
+        if not self.synced or self.synced[-1] != self.served_version:
+            self.synced.append(self.served_version)
+
+    def staleness(self, version: int | None) -> int:
+        """How many weight updates the sampler received after serving `version` (0: current)."""
+        if version is None:
+            raise ValueError(
+                f"agent {self.source.name!r}: a completion without a weights version cannot be "
+                "bounded in staleness (every completion through a ServedGenerator has one)"
+            )
+        return sum(1 for v in self.synced if v > version)
+
+    def hold_floor(self) -> None:
+        """A step boundary of in-flight updates: the generator must serve the agent's current
+        weights now (the stale-weights refusal), and until the next boundary it may lag behind
+        them while the trainer updates, but never fall below them."""
+        self._refuse_stale()
+        self.floor = self.source.weights_version
 
     def catch_up(self) -> bool:
         """Sync if the agent's weights changed since the last sync; says whether it synced."""
@@ -68,20 +102,32 @@ class ServedGenerator:
         self.sync()
         return True
 
-    def _ready(self) -> None:
-        """Refuse stale weights; wake an engine that slept with its weights discarded."""
+    def _refuse_stale(self) -> None:
         if self.stale:
             raise StaleWeightsError(
                 f"agent {self.source.name!r} is at weights version {self.source.weights_version} "
                 f"but its {type(self.backend).__name__} serves version {self.served_version}: "
                 "sync after every change of its weights (MultiAgentCallback does after each step)"
             )
+
+    def _ready(self) -> int | None:
+        """Refuse stale weights; wake an engine that slept with its weights discarded. Returns
+        the version the request is served from."""
+        if self.floor is None:
+            self._refuse_stale()
+        elif self.served_version is None or self.served_version < self.floor:
+            raise StaleWeightsError(
+                f"agent {self.source.name!r}: its {type(self.backend).__name__} serves version "
+                f"{self.served_version}, older than version {self.floor} of the last step "
+                "boundary: the trainer's update was never synced"
+            )
         if getattr(self.backend, "asleep", False):  # slept with its weights discarded: the
             self.backend.sync_weights(self.source.policy)  # current ones go back in, never old
+        return self.served_version
 
     def generate(self, chats: Sequence[Messages]) -> list[Completion]:
-        self._ready()
-        return list(self.backend.generate(chats))
+        version = self._ready()
+        return [_stamped(c, version) for c in self.backend.generate(chats)]
 
     def encode_prompt(self, chat: Messages) -> list[int]:
         return encode_prompt(self.source.tokenizer, chat, self.config.max_prompt_tokens)
@@ -102,14 +148,23 @@ class StreamingServedGenerator(ServedGenerator):
         return int(self.backend.max_in_flight)
 
     def submit(self, chats: Sequence[Messages], done: DoneCallback) -> None:
-        self._ready()
-        self.backend.submit(chats, done)
+        version = self._ready()
+
+        def stamped(index: int, result: Completion | BaseException) -> None:
+            done(index, result if isinstance(result, BaseException) else _stamped(result, version))
+
+        self.backend.submit(chats, stamped)
 
     def release(self) -> None:
         """The pipelined driver is done with it for this rollout (a vLLM engine may sleep)."""
         release = getattr(self.backend, "release", None)
         if release is not None:
             release()
+
+
+def _stamped(completion: Completion, version: int | None) -> Completion:
+    completion.weights_version = version
+    return completion
 
 
 def _world_size() -> int:
@@ -124,13 +179,16 @@ def build_generators(
     temperature: float | None = None,
     answer_key: AnswerKey | None = None,
     streaming: bool = False,
+    in_flight: bool = False,
 ) -> dict[str, ServedGenerator]:
     """A generator per agent, each already serving its agent's current weights.
 
     `temperature` overrides the agents' sampling temperature (evaluation). vLLM agents need the
     run's `pool`, which owns their engines and must be closed by the run; `reference` agents need
     the run's `answer_key` (see mars2.generation.reference). `streaming` (for the pipelined
-    driver) feeds vLLM engines request by request; other backends are unaffected.
+    driver) feeds vLLM engines request by request; other backends are unaffected. `in_flight`
+    (generation overlapping the trainer's updates, ``max_staleness > 0``) gives transformers agents
+    a generator on their own copy of the weights instead of the policy itself.
     """
     shared: dict[str, list[GenerationSource]] = {}
     for source in sources.values():
@@ -146,7 +204,7 @@ def build_generators(
         cfg = source.generation_config
         if temperature is not None:
             cfg = dataclasses.replace(cfg, temperature=temperature)
-        backend = _backend(source, cfg, pool, shared, answer_key, streaming)
+        backend = _backend(source, cfg, pool, shared, answer_key, streaming, in_flight)
         served = (
             StreamingServedGenerator if isinstance(backend, StreamingGenerator) else ServedGenerator
         )
@@ -156,13 +214,23 @@ def build_generators(
     return generators
 
 
+def weights_copy(policy: Any) -> Any:
+    """A frozen copy of `policy` for a generator that runs while the policy trains."""
+    import copy
+
+    model = copy.deepcopy(policy)
+    model.requires_grad_(False)
+    return model.eval()
+
+
 def _base_key(source: GenerationSource) -> str:
     return f"shared:{source.model_spec.path}:{source.model_spec.dtype}"
 
 
 def _backend(source: GenerationSource, cfg: GenerationConfig, pool: EnginePool | None,
              shared: dict[str, list[GenerationSource]],
-             answer_key: AnswerKey | None = None, streaming: bool = False) -> Any:  # fmt: skip
+             answer_key: AnswerKey | None = None, streaming: bool = False,
+             in_flight: bool = False) -> Any:  # fmt: skip
     if cfg.backend == "reference":
         if answer_key is None:
             raise ValueError(
@@ -171,12 +239,12 @@ def _backend(source: GenerationSource, cfg: GenerationConfig, pool: EnginePool |
             )
         return ReferenceGenerator(answer_key)
     if cfg.backend == "vllm_server":
-        return _server_backend(source, cfg, pool)
+        return _server_backend(source, cfg, pool, in_flight)
     if cfg.backend == "transformers":
         from mars2.generation.transformers_backend import TransformersGenerator
 
         return TransformersGenerator(
-            source.policy,
+            weights_copy(source.policy) if in_flight else source.policy,
             source.tokenizer,
             max_new_tokens=cfg.max_new_tokens,
             temperature=cfg.temperature,
@@ -225,7 +293,7 @@ def _backend(source: GenerationSource, cfg: GenerationConfig, pool: EnginePool |
 
 
 def _server_backend(
-    source: GenerationSource, cfg: GenerationConfig, pool: EnginePool | None
+    source: GenerationSource, cfg: GenerationConfig, pool: EnginePool | None, in_flight: bool
 ) -> Any:
     """An agent on vLLM servers: launched for it (owned by the run's `pool`) or at given urls."""
     from mars2.generation.vllm_server import VLLMServerGenerator, check_server_config, launch_server
@@ -276,5 +344,7 @@ def _server_backend(
                                     lora=lora is not None, adapter_dir=adapters,
                                     describe=describe)  # fmt: skip
     generator.launched = launched
+    if in_flight:  # requests asked for before a sync still name the previous adapter
+        generator.keep_adapters = 2
     pool.on_close(generator.close)
     return generator

@@ -90,6 +90,8 @@ class AnswerKey:
 class ReferenceGenerator:
     """Answers every chat with the reference solution of its problem, in one python block."""
 
+    overlaps_updates = True  # no weights: nothing an update could change under it
+
     def __init__(self, key: AnswerKey) -> None:
         self.key = key
 

@@ -1,7 +1,9 @@
-"""A generator on transformers' `generate`: runs on CPU or GPU, shares the policy's weights."""
+"""A generator on transformers' `generate`: runs on CPU or GPU, shares the policy's weights (or
+holds its own copy, for generation that overlaps the trainer's updates)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,7 +16,10 @@ from mars2.generation.prompt import encode_prompt
 class TransformersGenerator:
     """Samples with the policy itself (no weight copy), returning token ids and log-probs.
 
-    Log-probs are those of the sampling distribution at `temperature` (before top-p), the same
+    Given a model other than the policy (`mars2.generation.factory.weights_copy`), it samples from
+    that copy, and a sync copies the policy's weights in between two generation batches (a lock
+    keeps a batch from seeing half-copied weights): then it may generate while the trainer
+    updates the policy (`overlaps_updates`). Log-probs are those of the sampling distribution at `temperature` (before top-p), the same
     quantity the trainer recomputes, so on-policy importance ratios start at exactly 1.
     """
 
@@ -38,11 +43,20 @@ class TransformersGenerator:
         self.batch_size = batch_size
         self.max_prompt_tokens = max_prompt_tokens
         self.weights_version = 0
+        self._lock = threading.Lock()
+        self._shares_policy: bool | None = None
+
+    @property
+    def overlaps_updates(self) -> bool:
+        """True on its own copy of the weights: the policy's updates never touch them."""
+        return self._shares_policy is False
 
     def sync_weights(self, policy: Any) -> None:
         """Use the newest weights. Shared with the policy: nothing to copy, only the version moves."""
+        self._shares_policy = policy is self.model
         if policy is not self.model:
-            self.model.load_state_dict(policy.state_dict())
+            with self._lock, torch.no_grad():
+                self.model.load_state_dict(policy.state_dict())
         self.weights_version += 1
 
     def encode_prompt(self, chat: Messages) -> list[int]:
@@ -52,11 +66,9 @@ class TransformersGenerator:
     def generate(self, chats: Sequence[Messages]) -> list[Completion]:
         out: list[Completion] = []
         for start in range(0, len(chats), self.batch_size):
-            out.extend(
-                self._generate_batch(
-                    [self.encode_prompt(c) for c in chats[start : start + self.batch_size]]
-                )
-            )
+            prompts = [self.encode_prompt(c) for c in chats[start : start + self.batch_size]]
+            with self._lock:
+                out.extend(self._generate_batch(prompts))
         return out
 
     def _generate_batch(self, prompts: list[list[int]]) -> list[Completion]:
@@ -123,6 +135,7 @@ class ScriptedGenerator:
         self.tokenizer = tokenizer
         self.answers = answers
         self.weights_version = 0
+        self.overlaps_updates = True  # no weights: nothing an update could change under it
 
     def sync_weights(self, policy: Any) -> None:
         self.weights_version += 1

@@ -15,7 +15,7 @@ re-tokenised. `generate` sends a step's requests at once; `submit` (the pipeline
 them one by one and reports each as it finishes. Weights go in through vLLM's weight-transfer
 protocol (`mars2.generation.weight_transfer`, ``gloo`` on CPU, ``nccl`` on GPU); a LoRA agent's
 adapter is written once per sync and hot-loaded under a new name (``/v1/load_lora_adapter``), the
-old one unloaded. A full-weight sync pauses the server with ``mode=keep`` (in-flight requests
+old one unloaded (with in-flight updates, one sync later: `keep_adapters`). A full-weight sync pauses the server with ``mode=keep`` (in-flight requests
 wait, none is lost) and is checked afterwards: the server reports the new weight version and,
 when the trainer's weights changed, a different weight checksum. A frozen teammate
 (``trainable: false``) is never synced; it may also use ``api: chat`` (messages to
@@ -30,6 +30,7 @@ import itertools
 import json
 import logging
 import os
+import secrets
 import shlex
 import signal
 import subprocess
@@ -432,6 +433,10 @@ def parse_chat_completion(prompt: list[int], answer: dict[str, Any], tokenizer: 
 class VLLMServerGenerator:
     """An agent sampled by vLLM servers; `sync_weights` pushes the trainer's weights to all."""
 
+    # Its weights live in other processes and a sync pauses them with mode=keep (in-flight
+    # requests wait and go on with the new weights): generation may overlap the trainer's updates.
+    overlaps_updates = True
+
     def __init__(
         self,
         name: str,
@@ -462,7 +467,11 @@ class VLLMServerGenerator:
         self._senders: dict[str, Any] = {}
         self._fingerprint: list[float] | None = None
         self._checksums: dict[str, Any] = {}
-        self._adapter: tuple[str, Path] | None = None
+        self._adapters: list[tuple[str, Path]] = []  # loaded, oldest first
+        self._token = secrets.token_hex(3)
+        # Adapters kept loaded: 2 with in-flight updates, where requests asked for before a sync
+        # still name the previous adapter (they end before the next sync, at the step boundary).
+        self.keep_adapters = 1
         self._loaded = 0
         self.weights_version = 0
         self.sync_seconds = 0.0
@@ -614,7 +623,8 @@ class VLLMServerGenerator:
         if self.adapter_dir is None:
             raise ValueError(f"agent {self.name!r}: a LoRA agent on servers needs an adapter_dir")
         self._loaded += 1
-        lora_name = f"{self.base_model}-lora-{self._loaded}"
+        # unique to this generator: a server at `urls` may still hold another run's adapters
+        lora_name = f"{self.base_model}-lora-{self._token}-{self._loaded}"
         path = self.adapter_dir / lora_name
         policy.save_pretrained(str(path), state_dict=adapter_state(policy))
         for url in self.endpoints.urls:
@@ -628,8 +638,10 @@ class VLLMServerGenerator:
             except ServerError as err:
                 raise ServerError(f"agent {self.name!r}: loading adapter {lora_name} into {url} "
                                   f"failed: {err}\n{self._describe(url)}") from err  # fmt: skip
-        old, self._adapter, self.model = self._adapter, (lora_name, path), lora_name
-        if old is not None:
+        self._adapters.append((lora_name, path))
+        self.model = lora_name
+        while len(self._adapters) > self.keep_adapters:
+            old = self._adapters.pop(0)
             for url in self.endpoints.urls:
                 with contextlib.suppress(ServerError):  # a leftover adapter costs only memory
                     http_json(f"{url}/v1/unload_lora_adapter", {"lora_name": old[0]},

@@ -93,6 +93,9 @@ class AgentModule(GeneratorSlot, pl.LightningModule):
         # Counts changes to the policy's weights (optimizer steps, loads, warm starts); the
         # generator records the version it serves and refuses to sample from an older one.
         self.weights_version = 0
+        # Set by the run when generation overlaps the updates (max_staleness > 0): samples may
+        # come from older weights, so the sampler's log-probs feed truncated importance sampling.
+        self.off_policy_samples = False
         self.register_load_state_dict_post_hook(AgentModule._weights_loaded)
         self.automatic_optimization = False
 
@@ -221,11 +224,13 @@ class AgentModule(GeneratorSlot, pl.LightningModule):
         logprobs, entropy = self.next_token_logprobs(self.policy, input_ids, attention, True)
         has_rollout = batch["has_rollout_logprobs"].unsqueeze(-1)
         # Without frozen rollout log-probs this is the first update: the policy is the sampler.
-        # When a separate engine (vLLM) sampled, its log-probs feed truncated importance sampling.
+        # When a separate engine (vLLM) or older weights (in-flight updates) sampled, the
+        # sampler's own log-probs feed truncated importance sampling.
         old = batch.get("old_logprobs", logprobs.detach())
+        separate = self.generation_config.backend in ("vllm", "vllm_server")
         rollout = (
             torch.where(has_rollout, batch["rollout_logprobs"], old)
-            if self.generation_config.backend in ("vllm", "vllm_server")
+            if separate or self.off_policy_samples
             else None
         )
         ref = batch.get("ref_logprobs")

@@ -41,6 +41,11 @@ def _driver(trainer: pl.Trainer) -> str | None:
     return getattr(getattr(search, "config", None), "driver", None)
 
 
+def _max_staleness(trainer: pl.Trainer) -> int:
+    """The run's bound on sample staleness (`TreeSearchDataModule.max_staleness`; 0: on-policy)."""
+    return int(getattr(run_datamodule(trainer), "max_staleness", 0) or 0)
+
+
 class MultiAgentCallback(pl.Callback):
     """Coordinates the team around each optimisation step."""
 
@@ -58,12 +63,16 @@ class MultiAgentCallback(pl.Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Give every agent without a generator one, serving its current weights."""
         agents = team_members(pl_module)
+        in_flight = _max_staleness(trainer) > 0  # generation overlaps the trainer's updates
+        for agent in agents.values():  # their samples may come from older weights: TIS corrects
+            agent.off_policy_samples = in_flight
         missing = {name: agent for name, agent in agents.items() if not agent.has_generator}
         if not missing:
             return
         self._pool = EnginePool(log_dir=self.output_dir / "servers")
         streaming = _driver(trainer) == "pipelined"  # vLLM engines then take requests as they come
-        for name, generator in build_generators(missing, self._pool, streaming=streaming).items():
+        built = build_generators(missing, self._pool, streaming=streaming, in_flight=in_flight)
+        for name, generator in built.items():
             agents[name].generator = generator
         self._attached = list(missing)
 
@@ -113,7 +122,8 @@ class MultiAgentCallback(pl.Callback):
         for agent in team_members(pl_module).values():
             agent.generator.catch_up()
         statistics = datamodule.engine.agent_statistics
-        if statistics is not None:  # every rank folds in the whole step's trees
+        # In-flight updates fold them in when the batch is taken, before the next rollout starts.
+        if statistics is not None and not _max_staleness(trainer):  # every rank: the whole step
             team = list(team_members(pl_module))
             statistics.update(data.trees, agents=team, reduce=sum_across_ranks)
         running = {}

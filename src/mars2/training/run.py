@@ -171,7 +171,8 @@ def _build_run(cfg: DictConfig, sandbox: Any) -> tuple[Any, TreeSearchDataModule
         if warm_start_needed(cfg):
             run_warm_start(cfg, agents, logger)
         module: Any = MultiAgentModule(agents)
-        datamodule = TreeSearchDataModule(build_rollout(cfg, build_grader(cfg, sandbox)), cfg.steps)
+        datamodule = TreeSearchDataModule(build_rollout(cfg, build_grader(cfg, sandbox)), cfg.steps,
+                                          int(cfg.get("max_staleness") or 0))  # fmt: skip
         trainer = hydra.utils.instantiate(
             trainer_arguments(cfg.trainer), callbacks=build_callbacks(cfg), logger=logger,
             _convert_="all",

@@ -234,6 +234,26 @@ def frozen_agent_error(name: str, lora: Any) -> str | None:
     return None
 
 
+MAX_STALENESS = 1  # the largest max_staleness built (one-step off-policy)
+
+
+def staleness_error(max_staleness: Any, driver: str | None) -> str | None:
+    """Why `max_staleness` is refused with this rollout driver (None when it is accepted)."""
+    if isinstance(max_staleness, bool) or max_staleness not in range(MAX_STALENESS + 1):
+        return (
+            f"max_staleness={max_staleness}: use 0 (on-policy: each step samples after the "
+            "previous update) or 1 (one-step off-policy: step t+1 samples while the trainer "
+            "updates on step t); larger bounds are not built"
+        )
+    if max_staleness > 0 and driver != "pipelined":
+        return (
+            f"max_staleness={max_staleness} needs search.config.driver=pipelined (got "
+            f"{driver!r}): in-flight updates let the next step's requests stream to the "
+            "generators while the trainer works, which is what the pipelined driver does"
+        )
+    return None
+
+
 def check_trainable(cfg: DictConfig, task: str) -> None:
     """Each agent's ``trainable`` is a boolean; a frozen agent trains nothing it is configured to
     train; a training run has at least one agent to train."""
@@ -257,12 +277,32 @@ def check_trainable(cfg: DictConfig, task: str) -> None:
         )
 
 
+def check_in_flight_updates(cfg: DictConfig) -> None:
+    """`max_staleness` and its driver; no in-process vLLM agent with it (refused before models
+    load; the datamodule checks the built generators and the world size again)."""
+    value = cfg.get("max_staleness") or 0
+    error = staleness_error(value, OmegaConf.select(cfg, "search.config.driver", default="rounds"))
+    if error:
+        raise ConfigError(error)
+    if not value:
+        return
+    for name, agent in (cfg.get("agents") or {}).items():
+        if (agent.get("generation") or {}).get("backend") == "vllm":
+            raise ConfigError(
+                f"agent {name!r}: max_staleness={value} with generation.backend=vllm: an "
+                "in-process vLLM engine shares the trainer's GPU memory and sleeps while it "
+                "updates, so it cannot generate during the update. Use "
+                "generation.backend=vllm_server (or transformers), or max_staleness=0."
+            )
+
+
 def validate_train_config(cfg: DictConfig) -> None:
     """Everything a training run can check before it loads a model (the problem sets load here)."""
     check_blocks(cfg, "train")
     check_trainable(cfg, "train")
     check_run_settings(cfg)
     check_pipelined_generation(cfg)
+    check_in_flight_updates(cfg)
     problems = load_problem_set(cfg, "train")
     schedule = (cfg.get("rollout") or {}).get("schedule")
     if schedule is not None:

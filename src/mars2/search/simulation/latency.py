@@ -13,6 +13,11 @@ well under a second on CPU and every run with the same seeds gives the same time
   reasoning models' answers).
 - `SandboxModel` is a pool of `workers`, each running one job at a time for
   ``overhead_seconds + per_test_seconds * tests``.
+- `TrainerModel` is the trainer of a disaggregated layout (its own GPUs): an update takes
+  ``token_seconds`` per trained token, a weight sync ``sync_seconds`` during which servers are
+  paused. `training_span` lays steps out on-policy (each rollout after the previous update and
+  its sync) or one-step off-policy (step t+1's rollout runs while the trainer updates on step t
+  and is paused for the sync that lands in it).
 """
 
 from __future__ import annotations
@@ -99,6 +104,49 @@ class SandboxModel:
             start = heapq.heappop(free)
             heapq.heappush(free, start + self.job_seconds(count))
         return max(free) if tests else 0.0
+
+
+@dataclass(frozen=True)
+class TrainerModel:
+    """How long the trainer's update and the weight sync after it take (disaggregated GPUs)."""
+
+    token_seconds: float = 1.2e-4
+    sync_seconds: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.token_seconds < 0 or self.sync_seconds < 0:
+            raise ValueError("token_seconds and sync_seconds must be >= 0")
+
+    def update_seconds(self, tokens: int) -> float:
+        return self.token_seconds * tokens
+
+
+def training_span(
+    rollouts: Sequence[float], updates: Sequence[float], sync: float, max_staleness: int
+) -> float:
+    """Time to train len(rollouts) steps: rollout i takes `rollouts[i]`, its update `updates[i]`,
+    every update is followed by a sync of `sync` seconds.
+
+    max_staleness=0: rollout, update and sync in turn. max_staleness=1: rollout i+1 starts when
+    the trainer takes batch i; when the sync after update i lands while rollout i+1 runs, that
+    rollout is paused for it (mode=keep); the trainer waits for a batch that is not ready.
+    """
+    if len(rollouts) != len(updates):
+        raise ValueError("one update per rollout")
+    if max_staleness not in (0, 1):
+        raise ValueError("max_staleness must be 0 or 1")
+    if max_staleness == 0:
+        return float(sum(rollouts) + sum(updates) + sync * len(updates))
+    ready = rollouts[0] if rollouts else 0.0  # when batch i is generated
+    free = 0.0  # when the trainer has finished the previous update and its sync
+    for i, update in enumerate(updates):
+        taken = max(ready, free)
+        updated = taken + update
+        if i + 1 < len(rollouts):
+            done = taken + rollouts[i + 1]
+            ready = done + sync if done > updated else done  # paused while the sync ran
+        free = updated + sync
+    return free
 
 
 class EngineRun(Generic[T]):
