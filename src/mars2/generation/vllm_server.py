@@ -43,7 +43,7 @@ import torch
 
 from mars2.generation.base import Completion, DoneCallback, Messages
 from mars2.generation.config import GenerationConfig
-from mars2.generation.prompt import encode_prompt
+from mars2.generation.prompt import encode_prompt, encode_prompt_noting_cut
 from mars2.generation.weight_transfer import (
     SENDERS,
     ServerError,
@@ -393,7 +393,10 @@ class VLLMServerGenerator:
     def encode_prompt(self, chat: Messages) -> list[int]:
         return encode_prompt(self.tokenizer, chat, self.config.max_prompt_tokens)
 
-    def _one(self, prompt: list[int], seed: int) -> Completion:
+    def encode_noting_cut(self, chat: Messages) -> tuple[list[int], bool]:
+        return encode_prompt_noting_cut(self.tokenizer, chat, self.config.max_prompt_tokens)
+
+    def _one(self, prompt: list[int], seed: int, cut: bool = False) -> Completion:
         version = self.weights_version
         url = self.endpoints.acquire()
         try:
@@ -407,6 +410,7 @@ class VLLMServerGenerator:
                                   f"{self._describe(url)}") from err  # fmt: skip
             completion = parse_completion(prompt, answer)
             completion.weights_version = version
+            completion.prompt_cut = cut
             return completion
         finally:
             self.endpoints.release(url)
@@ -415,9 +419,9 @@ class VLLMServerGenerator:
         return torch.randint(0, 2**62, (n,)).tolist()
 
     def generate(self, chats: Sequence[Messages]) -> list[Completion]:
-        prompts = [self.encode_prompt(c) for c in chats]
-        futures = [self._pool.submit(self._one, p, s)
-                   for p, s in zip(prompts, self._seeds(len(prompts)), strict=True)]  # fmt: skip
+        encoded = [self.encode_noting_cut(c) for c in chats]
+        futures = [self._pool.submit(self._one, p, s, cut)
+                   for (p, cut), s in zip(encoded, self._seeds(len(encoded)), strict=True)]  # fmt: skip
         errors = []
         results = []
         for future in futures:  # every request finishes (or fails) before the step goes on
@@ -430,10 +434,10 @@ class VLLMServerGenerator:
         return results
 
     def submit(self, chats: Sequence[Messages], done: DoneCallback) -> None:
-        prompts = [self.encode_prompt(c) for c in chats]
-        for index, (prompt, seed) in enumerate(zip(prompts, self._seeds(len(prompts)),
-                                                   strict=True)):  # fmt: skip
-            future = self._pool.submit(self._one, prompt, seed)
+        encoded = [self.encode_noting_cut(c) for c in chats]
+        for index, ((prompt, cut), seed) in enumerate(zip(encoded, self._seeds(len(encoded)),
+                                                          strict=True)):  # fmt: skip
+            future = self._pool.submit(self._one, prompt, seed, cut)
 
             def report(f: Future[Completion], index: int = index) -> None:
                 error = f.exception()

@@ -174,6 +174,9 @@ class RolloutEngine:
             # overloaded): left out of the rewards (mars2.rewards.routing.graded_only), counted.
             "infra_errors": float(sum(n.grade.infra_error for n in nodes)),
             "truncated_share": float(np.mean([n.truncated for n in nodes])) if nodes else 0.0,
+            # Prompts cut to fit generation.max_prompt_tokens (a refinement's previous code):
+            # counted, so that a cap too small for the data is never silent.
+            "prompts_cut": float(sum(n.completion.prompt_cut for n in nodes)),
         }
         metrics.update(service_usage(self.search.timings.busy, self.search.timings.span, samples))
         tokens = sum(len(n.completion.token_ids) for n in nodes)
@@ -187,6 +190,7 @@ class RolloutEngine:
             metrics[f"{name}/solve_rate"] = (
                 float(np.mean([n.private_passed for n in mine])) if mine else 0.0
             )
+            metrics[f"{name}/prompts_cut"] = float(sum(n.completion.prompt_cut for n in mine))
             terms = [s.length_term for s in samples[name]]
             metrics[f"{name}/length_term_mean"] = float(np.mean(terms)) if terms else 0.0
         return metrics

@@ -184,6 +184,10 @@ def check_train(cfg: DictConfig) -> None:
     check_memory(cfg)  # refuses a GPU run that cannot fit, before anything is loaded
     check_environment(cfg, "train")  # the accelerator, backends, data files, ckpt_path
     validate_train_config(cfg)
+    # Every row's root prompt against each agent's prompt cap (tokenizers only; data.*.too_long).
+    build_problems(cfg, "train")
+    if cfg.get("warm_start"):
+        build_problems(cfg, "warm_start")
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
