@@ -209,3 +209,22 @@ def test_evaluation_checks_its_rows_too(tmp_path: Path, tiny_models_dir: Path) -
         check_eval(compose_eval())
     kept = check_eval(compose_eval("data.eval.too_long=skip", "+eval.limit=3"))
     assert [p.id for p in kept] == ["q0", "q1", "q3"]
+
+
+def test_a_data_config_of_ones_own_takes_the_setting_with_a_plus(tmp_path: Path) -> None:
+    """A split without the key (a user's data config): `+data.train.too_long=skip` is accepted
+    by the command line's checks, the setting without `+` is told to add it, a typo is named."""
+    from mars2.cli.errors import CommandLineError
+    from mars2.cli.preflight import preflight
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "mine.yaml").write_text(
+        "train:\n  _target_: mars2.data.sources.toy\n  part: train\n"
+        "eval:\n  _target_: mars2.data.sources.toy\n  part: held_out\n"
+    )
+    base = ["experiment=tiny_pair", f"hydra.searchpath=[file://{tmp_path}]", "data=mine"]
+    preflight("train", [*base, "+data.train.too_long=skip", "--cfg", "job"])
+    with pytest.raises(CommandLineError, match=r"add it with \+data\.train\.too_long="):
+        preflight("train", [*base, "data.train.too_long=skip", "--cfg", "job"])
+    with pytest.raises(CommandLineError, match=r"did you mean data\.train\.too_long"):
+        preflight("train", [*base, "+data.train.too_lng=skip", "--cfg", "job"])
