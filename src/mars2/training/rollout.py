@@ -28,12 +28,21 @@ class TreeBundle:
 
 @dataclass
 class StepData:
-    """Everything one step produced before tokenisation."""
+    """Everything one step produced before tokenisation.
+
+    `step` is the step's 0-based index (it seeds the step and picks its problems); `number`, one
+    more, is how the step is shown and written everywhere (docs/running.md, "Step numbers")."""
 
     step: int
     trees: list[SearchTree]
     samples: dict[str, list[Sample]]
     metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def number(self) -> int:
+        """The step's number as shown and written: 1 for the first (tree files, node labels,
+        checkpoints, logged metrics and progress lines all agree)."""
+        return self.step + 1
 
     def share(self, part: int, parts: int) -> StepData:
         """Share `part` of `parts`: every `parts`-th sample of each agent; the trees stay with
@@ -117,8 +126,8 @@ class RolloutEngine:
             int(np.random.default_rng(seed).integers(2**31))
         )  # sampling in generate()
         began = time.perf_counter()
-        trees = self.search.grow(
-            problems, generators, self.grader, np.random.default_rng(seed), step=step
+        trees = self.search.grow(  # nodes carry the step's number (StepData.number)
+            problems, generators, self.grader, np.random.default_rng(seed), step=step + 1
         )
         elapsed = time.perf_counter() - began
         samples = route_samples(trees, generators.keys(), self.advantages, overlong)

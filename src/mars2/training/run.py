@@ -57,7 +57,7 @@ for _pattern in (
 
 def run_warm_start(cfg: DictConfig, agents: dict[str, AgentModule], logger: Any = None) -> None:
     """Supervised warm start of every agent on ``data.warm_start`` problems (disjoint from RL);
-    each epoch's loss goes to the run's logger as ``warm_start/<agent>/loss`` (step = epoch)."""
+    each epoch's loss goes to the run's logger as ``warm_start/<agent>/loss`` (step = epoch, from 1)."""
     if not cfg.data.get("warm_start"):
         raise ValueError(
             "warm_start is set but the data config has no warm_start problems (try data=arith)"
@@ -77,8 +77,9 @@ def run_warm_start(cfg: DictConfig, agents: dict[str, AgentModule], logger: Any 
 
 
 def _epochs(name: str, show: Callable[[float], None], logger: Any) -> Callable[[float], None]:
-    """Per-epoch warm-start callback: the progress bar, and the loss to the logger."""
-    count = itertools.count()
+    """Per-epoch warm-start callback: the progress bar, and the loss to the logger (at the epoch's
+    number, 1 for the first, as the progress line shows it)."""
+    count = itertools.count(1)
 
     def on_epoch(loss: float) -> None:
         show(loss)
