@@ -688,3 +688,49 @@ def test_a_finished_run_shows_a_short_table() -> None:
         "  solve_rate       0.2500",
         "  tiny_qwen3/loss  0.1250",
     ]
+
+
+_SWEEP_NAMES = """
+import hydra
+
+from mars2.cli import CONFIG_PATH
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="train")
+def main(cfg) -> None:  # each job of the sweep: the MLflow run name its logger would take
+    print("RUN_NAME", hydra.utils.instantiate(cfg.logger)._run_name, flush=True)
+
+
+main()
+"""
+
+
+def _sweep_run_names(tmp_path: Path, *overrides: str) -> list[str]:
+    """The run names of a real ``-m`` sweep's jobs (Hydra's basic launcher, mars2's logger
+    config; no job trains)."""
+    script = tmp_path / "names.py"
+    script.write_text(_SWEEP_NAMES)
+    done = subprocess.run(
+        [sys.executable, str(script), "-m", f"paths.log_dir={tmp_path}/logs", *overrides],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [
+        line.split(" ", 1)[1] for line in done.stdout.splitlines() if line.startswith("RUN_NAME ")
+    ]
+
+
+@pytest.mark.slow
+def test_each_job_of_a_sweep_gets_its_own_run_name(tmp_path: Path) -> None:
+    """Named by their overrides; still distinct when the overrides are long (MLflow keeps 250
+    characters of a name) or Hydra's override_dirname leaves the swept key out."""
+    names = _sweep_run_names(tmp_path, "experiment=tiny_pair", "seed=1,2")
+    assert len(names) == 2 and names[0].startswith("train/tiny_pair/"), names
+    assert names[0].endswith("seed=1") and names[1].endswith("seed=2")
+    long = "x" * 300
+    names = _sweep_run_names(
+        tmp_path, "seed=1,2", f"+tag={long}_a,{long}_b",
+        "hydra.job.config.override_dirname.exclude_keys=[seed]",
+    )  # fmt: skip
+    assert len(names) == 4 and len(set(names)) == 4, names
+    assert all(len(name) <= 250 for name in names)
