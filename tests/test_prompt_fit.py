@@ -104,11 +104,13 @@ def test_skip_leaves_the_row_out_and_counts_it(
     assert len(build_problems(uncapped, "train")) == 4
 
 
-@pytest.mark.parametrize("run_dir", [False, True], ids=["default-run-dir", "hydra.run.dir"])
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["default-run-dir", "hydra.run.dir", "-m"])
 def test_training_refuses_a_too_long_row_before_models_load(
-    tmp_path: Path, tiny_models_dir: Path, run_dir: bool
+    tmp_path: Path, tiny_models_dir: Path, how: str
 ) -> None:
-    """The command line's check, with and without hydra.run.dir: one paragraph, no model."""
+    """The command line's check, with and without hydra.run.dir and for every job of a sweep:
+    one paragraph, no model."""
     path = _rows(tmp_path)
     command = [
         sys.executable, str(REPO / "src/mars2/train.py"), "experiment=tiny_pair", "data=deepcoder",
@@ -116,8 +118,10 @@ def test_training_refuses_a_too_long_row_before_models_load(
         f"paths.tiny_models_dir={tiny_models_dir}",
         f"agents.tiny_llama.generation.max_prompt_tokens={CAP}",
     ]  # fmt: skip
-    if run_dir:
+    if how == "hydra.run.dir":
         command.append(f"hydra.run.dir={tmp_path / 'chosen'}")
+    if how == "-m":
+        command += ["-m", "seed=1,2"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
@@ -126,7 +130,7 @@ def test_training_refuses_a_too_long_row_before_models_load(
     assert f"{path}:3" in errors[0] and "tiny_llama" in errors[0] and "too_long=skip" in errors[0]
     assert "Traceback" not in done.stdout + done.stderr
     assert "Loading" not in done.stdout + done.stderr  # refused before any model work
-    assert not (tmp_path / "chosen").exists()
+    assert not (tmp_path / "chosen").exists() and not (tmp_path / "logs").exists()
 
 
 def test_cut_prompts_are_marked_and_counted_per_agent(tiny_models_dir: Path) -> None:
