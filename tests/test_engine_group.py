@@ -31,8 +31,8 @@ class _Rollout(RolloutEngine):
     def __init__(self, group: EngineGroup) -> None:
         self.group, self.searched = group, []
 
-    def run(self, step: int, generators: Any, rank: int = 0, world: int = 1, overlong: Any = None
-            ) -> StepData:  # fmt: skip
+    def run(self, step: int, generators: Any, rank: int = 0, world: int = 1, overlong: Any = None,
+            frozen: Any = ()) -> StepData:  # fmt: skip
         self.searched.append((rank, world))
         for agent in ("a", "b"):
             self.group.call(agent, [step, rank])

@@ -6,16 +6,23 @@ that is not so.)"""
 
 from __future__ import annotations
 
+import http.server
 import importlib.util
+import socket
+import threading
+import time
 import zipfile
 from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from mars2.cli.errors import user_errors
 from mars2.cli.preflight import preflight, sweep_jobs
+from mars2.utils.environment import check_tracking_server
 from mars2.utils.runs import register_resolver
+from mars2.utils.validation import ConfigError
 
 register_resolver()
 
@@ -157,3 +164,44 @@ def test_eval_without_a_checkpoint_refuses_unless_untrained_is_asked_for(tmp_pat
     preflight("eval", [*argv, "eval.allow_untrained=true"])  # a baseline on purpose
     preflight("eval", [*argv, "generation.backend=reference"])  # no weights are scored
     assert not list(tmp_path.iterdir())
+
+
+def _refused_port() -> int:
+    with socket.socket() as probe:  # a port nothing listens on once the socket is closed
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_an_mlflow_server_that_refuses_connections_is_one_paragraph(
+    tmp_path: Path, way: str
+) -> None:
+    url = f"http://127.0.0.1:{_refused_port()}"
+    began = time.monotonic()
+    message = _refused(way, tmp_path, f"logger.tracking_uri={url}")
+    assert f"logger.tracking_uri={url} does not answer" in message and "mlflow server" in message
+    assert time.monotonic() - began < 60  # not MLflow's minutes of retries
+
+
+def test_an_mlflow_server_that_answers_passes(tmp_path: Path) -> None:
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        cfg = OmegaConf.create(
+            {"logger": {"tracking_uri": f"http://127.0.0.1:{server.server_port}"}}
+        )
+        check_tracking_server(cfg)  # no error: it answers
+        down = OmegaConf.create({"logger": {"tracking_uri": f"http://127.0.0.1:{_refused_port()}"}})
+        with pytest.raises(ConfigError, match="does not answer"):
+            check_tracking_server(down)
+    finally:
+        server.shutdown()

@@ -29,6 +29,7 @@ from mars2.generation.vllm_server import LaunchedServer, check_server_config, la
 from mars2.generation.weight_transfer import ServerError, http_json
 from mars2.models.loading import LoraSpec, ModelSpec
 from mars2.training.agent_module import AgentModule
+from mars2.training.teammate import FrozenAgent
 
 VLLM_PYTHON = os.environ.get("MARS2_VLLM_PYTHON")
 if not VLLM_PYTHON and os.environ.get("MARS2_REQUIRE_VLLM"):
@@ -64,11 +65,15 @@ def server(tiny_models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
 
 
 def _agent(tiny: Path, url: str, lora: bool = False, tokens: int = 8,
-           **server: Any) -> AgentModule:  # fmt: skip
+           frozen: bool = False) -> Any:  # fmt: skip
+    """tiny_llama on the module's server: trained (`AgentModule`) or a frozen teammate (only its
+    tokenizer in this process)."""
     spec = ModelSpec(str(tiny / "tiny_llama"), lora=LORA if lora else None)
     config = GenerationConfig(backend="vllm_server", max_new_tokens=tokens, temperature=1.0,
                               server={"urls": [url], "model_name": "tiny_llama",
-                                      "weight_transfer": TRANSFER, **server})  # fmt: skip
+                                      "weight_transfer": TRANSFER})  # fmt: skip
+    if frozen:
+        return FrozenAgent("tiny_llama", spec, config)
     return AgentModule("tiny_llama", spec, config)
 
 
@@ -225,6 +230,51 @@ def test_tiny_pair_trains_three_steps_with_both_agents_on_servers(
         http_json(f"{launched[0].url}/health", timeout=5, method="GET")
     assert _gone(launched[0].pid)  # with every process of its group: no orphans
     assert (tmp_path / "servers" / "tiny_qwen3.log").stat().st_size > 0
+
+
+def test_a_frozen_teammate_on_a_server_by_url_expands_nodes_and_is_never_synced(
+    server: LaunchedServer, tiny_models_dir: Path, tmp_path: Path
+) -> None:
+    """tiny_llama frozen (trainable=false) on the module's server, tiny_qwen3 trained in-process
+    (scripted answers, no warm start: mixed rewards in seconds): the trainer holds only
+    tiny_llama's tokenizer, its nodes come from the server (with the server's log-probs) and the
+    server's weights are never touched."""
+    import lightning.pytorch as pl
+
+    from mars2.generation.transformers_backend import ScriptedGenerator
+    from mars2.training.run import build_run
+    from tests.test_training import compose_run, scripted_answer
+
+    cfg = compose_run(tmp_path, tiny_models_dir, "steps=2", "logger=none",
+                      "callbacks.checkpoint=null", "agents.tiny_llama.trainable=false",
+                      "agents.tiny_llama.generation.backend=vllm_server",
+                      f"+agents.tiny_llama.generation.server={{urls:[{server.url}],"
+                      "model_name:tiny_llama}")  # fmt: skip
+    version = http_json(f"{server.url}/weight_info", timeout=30)["weight_version"]
+    module, datamodule, trainer, sandbox = build_run(cfg)
+    qwen = module.agents["tiny_qwen3"]
+    qwen.generator = ScriptedGenerator(qwen.tokenizer, scripted_answer)
+    llama = module.members()["tiny_llama"]
+    assert isinstance(llama, FrozenAgent) and llama.policy is None
+    steps: list[Any] = []
+
+    class Record(pl.Callback):
+        def on_train_batch_end(self, *args: Any) -> None:
+            steps.append(datamodule.last)
+
+    trainer.callbacks.append(Record())
+    try:
+        trainer.fit(module, datamodule=datamodule)
+    finally:
+        sandbox.close()
+    assert len(steps) == 2 and len(trainer.optimizers) == 1
+    assert "tiny_qwen3/loss" in trainer.callback_metrics  # the trained agent trained alongside
+    nodes = [n for d in steps for t in d.trees for n in t.answers() if n.agent == "tiny_llama"]
+    assert nodes and all(n.completion.logprobs is not None for n in nodes)
+    assert all(len(n.completion.logprobs) == len(n.completion.token_ids) for n in nodes)
+    assert "tiny_llama/solve_rate" in steps[-1].metrics
+    assert not [k for k in trainer.callback_metrics if k.startswith("tiny_llama/") and "loss" in k]
+    assert http_json(f"{server.url}/weight_info", timeout=30)["weight_version"] == version
 
 
 def test_a_server_that_dies_fails_its_pending_requests_with_its_log_tail(

@@ -5,12 +5,13 @@ Shared by `mars2.training.run` and `mars2.eval.run`; it sits below both and impo
 
 from __future__ import annotations
 
+import copy
 import logging
 from pathlib import Path
 from typing import Any
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from mars2.search.prompt_fit import PromptCap, fitting_problems
 from mars2.search.prompts import PromptBuilder
@@ -18,14 +19,27 @@ from mars2.utils.validation import ConfigError, load_problem_set
 
 log = logging.getLogger(__name__)
 
+# What an agent with ``trainable: false`` is built as, whatever its `_target_` (named here, not
+# imported: builders sit below training).
+FROZEN_AGENT = "mars2.training.teammate.FrozenAgent"
+
 
 def build_agents(cfg: DictConfig) -> dict[str, Any]:
-    """Instantiate every agent under ``cfg.agents``; its key must match its name."""
+    """Instantiate every agent under ``cfg.agents``; its key must match its name. An agent with
+    ``trainable: false`` is built as a frozen teammate (`mars2.training.teammate.FrozenAgent`)."""
     if not cfg.get("agents"):
         raise ValueError("no agents configured: pick some with agent=[name,...]")
     agents = {}
     for key, agent_cfg in cfg.agents.items():
-        agent = hydra.utils.instantiate(agent_cfg, _convert_="all")
+        trainable = agent_cfg.get("trainable", True)
+        if not isinstance(trainable, bool):
+            raise ValueError(f"agents.{key}.trainable={trainable!r}: use true or false")
+        spec = copy.copy(agent_cfg)  # under the same parent: its interpolations still resolve
+        with open_dict(spec):
+            spec.pop("trainable", None)
+            if not trainable:
+                spec["_target_"] = FROZEN_AGENT
+        agent = hydra.utils.instantiate(spec, _convert_="all")
         if agent.name != key:
             raise ValueError(f"agent config {key!r} names itself {agent.name!r}")
         agents[key] = agent

@@ -114,13 +114,15 @@ def check_eval(cfg: DictConfig) -> list[Any]:
 def untrained(cfg: DictConfig) -> list[str]:
     """The agents an evaluation would score with their initial weights: all of them without
     `ckpt_path` (reference answers aside), except those loaded from a training run's agents/
-    export (``agents.<name>.model.path=<run>/agents/<name>``)."""
+    export (``agents.<name>.model.path=<run>/agents/<name>``) and frozen teammates
+    (``trainable: false``: their initial weights are the point)."""
     if cfg.get("ckpt_path") or uses_reference(cfg):
         return []
     return [
         str(name)
         for name, agent in (cfg.get("agents") or {}).items()
         if Path(str((agent.get("model") or {}).get("path", ""))).parent.name != "agents"
+        and agent.get("trainable", True)
     ]
 
 

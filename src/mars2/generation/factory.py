@@ -32,7 +32,7 @@ class GenerationSource(Protocol):
     name: str
     model_spec: Any
     tokenizer: Any
-    policy: Any
+    policy: Any  # None for a frozen teammate on a server (`trainable` False)
     generation_config: GenerationConfig
     weights_version: int
 
@@ -231,12 +231,26 @@ def _server_backend(
     from mars2.generation.vllm_server import VLLMServerGenerator, check_server_config, launch_server
 
     server = check_server_config(source.name, cfg.server)
-    if cfg.top_p < 1 and not server.get("frozen"):
+    trainable = bool(getattr(source, "trainable", True))
+    if server.get("frozen") and trainable:
+        raise ValueError(
+            f"agent {source.name!r}: generation.server.frozen is set but the agent is trained: a "
+            f"teammate that is never trained is agents.{source.name}.trainable=false (the trainer "
+            "then loads only its tokenizer and never pushes weights)"
+        )
+    server["frozen"] = not trainable
+    if trainable and server["api"] != "tokens":
+        raise ValueError(
+            f"agent {source.name!r}: generation.server.api={server['api']} sends text, and a "
+            "trained agent needs token ids in and token ids + log-probs out (api=tokens, a vLLM "
+            f"server); only a frozen teammate (agents.{source.name}.trainable=false) may use it"
+        )
+    if cfg.top_p < 1 and trainable:
         raise ValueError(
             f"agent {source.name!r}: top_p={cfg.top_p} on vLLM servers: the server's log-probs are "
             "renormalised over the kept tokens, which biases the importance ratio against the "
             "trainer's full-vocabulary log-probs; set top_p=1.0 for a trained agent (a frozen "
-            "teammate, generation.server.frozen=true, may keep it)"
+            "teammate, trainable: false, may keep it)"
         )
     lora = getattr(source.model_spec, "lora", None)
     if pool is None:

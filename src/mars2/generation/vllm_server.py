@@ -17,7 +17,9 @@ protocol (`mars2.generation.weight_transfer`, ``gloo`` on CPU, ``nccl`` on GPU);
 adapter is written once per sync and hot-loaded under a new name (``/v1/load_lora_adapter``), the
 old one unloaded. A full-weight sync pauses the server with ``mode=keep`` (in-flight requests
 wait, none is lost) and is checked afterwards: the server reports the new weight version and,
-when the trainer's weights changed, a different weight checksum.
+when the trainer's weights changed, a different weight checksum. A frozen teammate
+(``trainable: false``) is never synced; it may also use ``api: chat`` (messages to
+``/v1/chat/completions`` of any OpenAI-compatible endpoint, answers re-tokenised, no log-probs).
 """
 
 from __future__ import annotations
@@ -58,8 +60,11 @@ log = logging.getLogger(__name__)
 SERVER_KEYS = (
     "urls", "python", "venv", "args", "env", "host", "health_timeout_s", "request_timeout_s",
     "sync_timeout_s", "weight_transfer", "trainer_address", "model_name", "max_in_flight",
-    "verify", "frozen", "log_dir", "api_key",
+    "verify", "frozen", "log_dir", "api", "api_key_env",
 )  # fmt: skip
+# How requests are sent: token ids to /v1/completions (vLLM; what a trained agent needs), or the
+# chat's messages to /v1/chat/completions (any OpenAI-compatible endpoint; frozen teammates only).
+APIS = ("tokens", "chat")
 PLUGIN_ENTRY = "mars2_gloo = mars2.generation.vllm_plugin:register"
 LOG_TAIL_CHARS = 4000
 
@@ -67,6 +72,11 @@ LOG_TAIL_CHARS = 4000
 def check_server_config(name: str, server: dict[str, Any] | None) -> dict[str, Any]:
     """The agent's ``generation.server`` settings, validated (unknown keys and bad values raise)."""
     server = dict(server or {})
+    if "api_key" in server:
+        raise ValueError(
+            f"agent {name!r}: generation.server.api_key would put a secret in the run's config "
+            "(it is logged): set api_key_env to the name of an environment variable holding it"
+        )
     unknown = sorted(set(server) - set(SERVER_KEYS))
     if unknown:
         raise ValueError(
@@ -94,6 +104,19 @@ def check_server_config(name: str, server: dict[str, Any] | None) -> dict[str, A
     if verify not in ("checksum", "version"):
         raise ValueError(f"agent {name!r}: generation.server.verify must be checksum or version")
     server["verify"] = verify
+    api = server.get("api", "tokens")
+    if api not in APIS:
+        raise ValueError(
+            f"agent {name!r}: generation.server.api={api!r}: use tokens (token ids to "
+            "/v1/completions, vLLM) or chat (messages to /v1/chat/completions, any "
+            "OpenAI-compatible endpoint, frozen teammates only)"
+        )
+    server["api"] = api
+    if server.get("api_key_env") and not os.environ.get(str(server["api_key_env"])):
+        raise ValueError(
+            f"agent {name!r}: generation.server.api_key_env={server['api_key_env']} names an "
+            "environment variable that is not set (or is empty)"
+        )
     for key in ("health_timeout_s", "request_timeout_s", "sync_timeout_s", "max_in_flight"):
         if key in server and not float(server[key]) > 0:
             raise ValueError(f"agent {name!r}: generation.server.{key} must be > 0")
@@ -331,24 +354,79 @@ def completion_request(model: str, prompt: list[int], config: GenerationConfig,
     return body
 
 
-def parse_completion(prompt: list[int], answer: dict[str, Any]) -> Completion:
-    """A `Completion` from a ``/v1/completions`` answer (``return_token_ids``, ``logprobs=0``)."""
+def chat_request(model: str, chat: Messages, config: GenerationConfig,
+                 seed: int | None) -> dict[str, Any]:  # fmt: skip
+    """The ``/v1/chat/completions`` body for one chat (the server applies its own template)."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": list(chat),
+        "max_tokens": config.max_new_tokens,
+        "temperature": config.temperature,
+        "top_p": config.top_p,
+        "n": 1,
+    }
+    if seed is not None:
+        body["seed"] = seed
+    return body
+
+
+def _retokenised(text: str, finished: bool, tokenizer: Any) -> list[int]:
+    """The answer's tokens in the agent's tokenizer (plus EOS when it ended by itself)."""
+    tokens = [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
+    if finished and tokenizer.eos_token_id is not None:
+        tokens.append(int(tokenizer.eos_token_id))
+    return tokens
+
+
+def parse_completion(
+    prompt: list[int], answer: dict[str, Any], tokenizer: Any = None
+) -> Completion:
+    """A `Completion` from a ``/v1/completions`` answer (``return_token_ids``, ``logprobs=0``).
+
+    Without token ids in the answer (a server that ignores ``return_token_ids``) the text is
+    re-tokenised with `tokenizer` when one is given (frozen teammates: nothing trains on their
+    tokens), and refused otherwise.
+    """
     choice = answer["choices"][0]
     tokens = [int(t) for t in choice.get("token_ids") or []]
-    if not tokens and choice.get("text"):
-        raise ServerError(
-            "the server's completion has text but no token_ids: it must honour return_token_ids "
-            "(vLLM >= 0.10); other OpenAI-compatible servers cannot train an agent"
-        )
+    text = choice.get("text") or ""
+    truncated = choice.get("finish_reason") == "length"
+    if not tokens and text:
+        if tokenizer is None:
+            raise ServerError(
+                "the server's completion has text but no token_ids: a trained agent needs a "
+                "server that honours return_token_ids (vLLM >= 0.10); other OpenAI-compatible "
+                "endpoints can serve frozen teammates (trainable: false), whose answers are "
+                "re-tokenised"
+            )
+        return Completion(text=text, prompt_token_ids=list(prompt), logprobs=None,
+                          token_ids=_retokenised(text, not truncated, tokenizer),
+                          truncated=truncated)  # fmt: skip
     logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
     values = None if logprobs is None else [float(x) for x in logprobs]
     return Completion(
-        text=choice.get("text") or "",
+        text=text,
         prompt_token_ids=list(prompt),
         token_ids=tokens,
         logprobs=values if values is not None and len(values) == len(tokens) else None,
-        truncated=choice.get("finish_reason") == "length",
+        truncated=truncated,
     )
+
+
+def parse_chat_completion(prompt: list[int], answer: dict[str, Any], tokenizer: Any) -> Completion:
+    """A `Completion` from a ``/v1/chat/completions`` answer: the message's text, re-tokenised
+    with the agent's tokenizer, no log-probs (`prompt` is the chat in that tokenizer)."""
+    try:
+        choice = answer["choices"][0]
+        text = choice["message"].get("content") or ""
+    except (KeyError, IndexError, TypeError, AttributeError) as err:
+        raise ServerError(
+            f"the chat completion answer has no choices[0].message: {str(answer)[:500]}"
+        ) from err
+    truncated = choice.get("finish_reason") == "length"
+    return Completion(text=text, prompt_token_ids=list(prompt), logprobs=None,
+                      token_ids=_retokenised(text, not truncated, tokenizer),
+                      truncated=truncated)  # fmt: skip
 
 
 class VLLMServerGenerator:
@@ -374,6 +452,9 @@ class VLLMServerGenerator:
         self.request_timeout = float(server.get("request_timeout_s", 600))
         self.sync_timeout = float(server.get("sync_timeout_s", 300))
         self.frozen = bool(server.get("frozen"))
+        self.api = str(server.get("api", "tokens"))
+        key_env = server.get("api_key_env")
+        self._headers = {"Authorization": f"Bearer {os.environ[str(key_env)]}"} if key_env else {}
         self.lora = lora
         self.adapter_dir = adapter_dir
         self._describe = describe or (lambda url: f"server {url}")
@@ -396,21 +477,32 @@ class VLLMServerGenerator:
     def encode_noting_cut(self, chat: Messages) -> tuple[list[int], bool]:
         return encode_prompt_noting_cut(self.tokenizer, chat, self.config.max_prompt_tokens)
 
-    def _one(self, prompt: list[int], seed: int, cut: bool = False) -> Completion:
+    def _one(self, prompt: list[int], seed: int, chat: Messages, cut: bool = False) -> Completion:
         version = self.weights_version
         url = self.endpoints.acquire()
+        chatting = self.api == "chat"
         try:
-            body = completion_request(self.model, prompt, self.config, seed)
+            if chatting:
+                body = chat_request(self.model, chat, self.config, seed)
+            else:
+                body = completion_request(self.model, prompt, self.config, seed)
             if self.request_hook is not None:
                 self.request_hook(body)
+            route = "v1/chat/completions" if chatting else "v1/completions"
             try:
-                answer = http_json(f"{url}/v1/completions", body, timeout=self.request_timeout)
+                answer = http_json(f"{url}/{route}", body, timeout=self.request_timeout,
+                                   headers=self._headers)  # fmt: skip
+                if chatting:
+                    completion = parse_chat_completion(prompt, answer, self.tokenizer)
+                else:
+                    completion = parse_completion(
+                        prompt, answer, self.tokenizer if self.frozen else None
+                    )
             except ServerError as err:
                 raise ServerError(f"agent {self.name!r}: a request failed: {err}\n"
                                   f"{self._describe(url)}") from err  # fmt: skip
-            completion = parse_completion(prompt, answer)
             completion.weights_version = version
-            completion.prompt_cut = cut
+            completion.prompt_cut = cut and not chatting  # the chat API sent the messages uncut
             return completion
         finally:
             self.endpoints.release(url)
@@ -420,8 +512,9 @@ class VLLMServerGenerator:
 
     def generate(self, chats: Sequence[Messages]) -> list[Completion]:
         encoded = [self.encode_noting_cut(c) for c in chats]
-        futures = [self._pool.submit(self._one, p, s, cut)
-                   for (p, cut), s in zip(encoded, self._seeds(len(encoded)), strict=True)]  # fmt: skip
+        futures = [self._pool.submit(self._one, p, s, c, cut)
+                   for (p, cut), s, c in zip(encoded, self._seeds(len(encoded)), chats,
+                                             strict=True)]  # fmt: skip
         errors = []
         results = []
         for future in futures:  # every request finishes (or fails) before the step goes on
@@ -435,9 +528,9 @@ class VLLMServerGenerator:
 
     def submit(self, chats: Sequence[Messages], done: DoneCallback) -> None:
         encoded = [self.encode_noting_cut(c) for c in chats]
-        for index, ((prompt, cut), seed) in enumerate(zip(encoded, self._seeds(len(encoded)),
-                                                          strict=True)):  # fmt: skip
-            future = self._pool.submit(self._one, prompt, seed, cut)
+        for index, ((prompt, cut), seed, chat) in enumerate(zip(encoded, self._seeds(len(encoded)),
+                                                                chats, strict=True)):  # fmt: skip
+            future = self._pool.submit(self._one, prompt, seed, chat, cut)
 
             def report(f: Future[Completion], index: int = index) -> None:
                 error = f.exception()
@@ -452,8 +545,8 @@ class VLLMServerGenerator:
             return
         if self.frozen:
             raise RuntimeError(
-                f"agent {self.name!r} is served frozen (generation.server.frozen): its weights "
-                "are never pushed; a frozen agent must not be trained"
+                f"agent {self.name!r} is a frozen teammate (trainable: false): its server's "
+                "weights are never pushed; a frozen agent must not be trained"
             )
         start = time.monotonic()
         if self.lora:

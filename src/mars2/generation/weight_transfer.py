@@ -42,13 +42,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def http_json(url: str, body: Any = None, *, timeout: float, method: str | None = None) -> Any:
+def http_json(url: str, body: Any = None, *, timeout: float, method: str | None = None,
+              headers: dict[str, str] | None = None) -> Any:  # fmt: skip
     """POST `body` as JSON (GET without one) and return the decoded answer; errors raise
     `ServerError` with the server's message."""
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, method=method or ("GET" if body is None
                                                                        else "POST"))  # fmt: skip
     request.add_header("Content-Type", "application/json")
+    for key, value in (headers or {}).items():
+        request.add_header(key, value)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             raw = response.read()

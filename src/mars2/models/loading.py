@@ -95,8 +95,9 @@ def load_tokenizer(path: str, trust_remote_code: bool = False) -> Any:
     return tokenizer
 
 
-def load_policy(spec: ModelSpec) -> Any:
-    """The trainable causal LM (optionally quantised and wrapped with a LoRA adapter)."""
+def load_policy(spec: ModelSpec, inference_only: bool = False) -> Any:
+    """The trainable causal LM (optionally quantised and wrapped with a LoRA adapter);
+    `inference_only` (a frozen teammate) also takes a quantised base without an adapter."""
     from transformers import AutoModelForCausalLM
 
     _check_source(spec.path)
@@ -130,7 +131,7 @@ def load_policy(spec: ModelSpec) -> Any:
             model = AutoModelForCausalLM.from_pretrained(spec.path, **kwargs)
     except (OSError, ValueError) as err:
         raise ModelLoadError(f"cannot load a causal LM from {spec.path!r}: {err}") from err
-    if spec.quantization and spec.lora is None:
+    if spec.quantization and spec.lora is None and not inference_only:
         raise ModelLoadError(
             "a quantized base can only be trained through a LoRA adapter: set model.lora"
         )

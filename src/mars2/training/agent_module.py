@@ -11,14 +11,13 @@ import lightning.pytorch as pl
 import torch
 
 from mars2.generation.config import GenerationConfig
-from mars2.generation.factory import ServedGenerator
 from mars2.models.export import export_pretrained
 from mars2.models.hidden import forward_with_head, output_head
 from mars2.models.loading import ModelSpec, frozen_copy, load_policy, load_tokenizer
 from mars2.rewards.overlong import OverlongPenalty
 from mars2.training.logprobs import chunked_logprobs_and_entropy
 from mars2.training.losses import LossConfig, policy_loss, token_entropy, token_logprobs
-from mars2.training.members import next_batch
+from mars2.training.members import GeneratorSlot, next_batch
 
 __all__ = ["AgentModule", "GenerationConfig", "OptimConfig", "advance_schedule", "optimise_agent"]
 
@@ -59,8 +58,13 @@ class OptimConfig:
             raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
 
 
-class AgentModule(pl.LightningModule):
-    """One agent. Alone it trains as plain single-agent GRPO; in a team it is a child module."""
+class AgentModule(GeneratorSlot, pl.LightningModule):
+    """One agent. Alone it trains as plain single-agent GRPO; in a team it is a child module.
+
+    A teammate that is never trained (``trainable: false``) is a `mars2.training.teammate.FrozenAgent`.
+    """
+
+    trainable = True
 
     def __init__(
         self,
@@ -85,7 +89,7 @@ class AgentModule(pl.LightningModule):
         # The reference is kept out of the module tree: it is never trained and never checkpointed.
         self._reference: list[Any] = []
         self.snapshot_reference()
-        self._generator: ServedGenerator | None = None
+        self._generator = None
         # Counts changes to the policy's weights (optimizer steps, loads, warm starts); the
         # generator records the version it serves and refuses to sample from an older one.
         self.weights_version = 0
@@ -168,28 +172,6 @@ class AgentModule(pl.LightningModule):
         # optimizer that has no state yet (an agent that has not trained) that way to create it.
         if any(float(group.get("lr", 1.0)) != 0.0 for group in optimizer.param_groups):
             self.mark_weights_changed()
-
-    @property
-    def has_generator(self) -> bool:
-        return self._generator is not None
-
-    @property
-    def generator(self) -> ServedGenerator:
-        """The generator serving this agent, attached by the run (see mars2.generation.factory)."""
-        if self._generator is None:
-            raise RuntimeError(
-                f"agent {self.name!r} has no generator: a training run's MultiAgentCallback "
-                "attaches them at setup; elsewhere use mars2.generation.factory.build_generators"
-            )
-        return self._generator
-
-    @generator.setter
-    def generator(self, value: Any) -> None:
-        """Attach a generator; a bare backend is taken to serve the current weights."""
-        if value is None or isinstance(value, ServedGenerator):
-            self._generator = value
-        else:
-            self._generator = ServedGenerator(self, value, served_version=self.weights_version)
 
     @property
     def overlong(self) -> OverlongPenalty | None:

@@ -18,7 +18,7 @@ from mars2.generation.engines import EnginePool
 from mars2.generation.factory import build_generators
 from mars2.search.tree import save_trees
 from mars2.training.distributed import sum_across_ranks
-from mars2.training.members import team_members
+from mars2.training.members import is_trainable, team_members
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +136,8 @@ class MultiAgentCallback(pl.Callback):
         if trainer.global_rank != 0 or not self.save_final_agents:
             return
         for name, agent in team_members(pl_module).items():
+            if not is_trainable(agent):
+                continue  # a frozen teammate's weights are where they came from
             target = self.output_dir / "agents" / name
             agent.save_pretrained(str(target))
             log.info("saved agent %s to %s", name, target)

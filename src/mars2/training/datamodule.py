@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from mars2.generation.engine_group import engine_group_of
 from mars2.training.batching import micro_batches, shuffle_seed
-from mars2.training.members import team_members
+from mars2.training.members import is_trainable, team_members
 from mars2.training.rollout import RolloutEngine, TreeBundle
 
 
@@ -62,14 +62,18 @@ class TreeSearchDataModule(pl.LightningDataModule):
         overlong = {name: agent.overlong for name, agent in agents.items() if agent.overlong}
         generators = self.generators()
         group = engine_group_of(generators)  # ranks sharing tensor-parallel engines, if any
+        frozen = [name for name, agent in agents.items() if not is_trainable(agent)]
         if group is None:
-            data = self.engine.run(step, generators, rank, world, overlong=overlong)
+            data = self.engine.run(step, generators, rank, world, overlong=overlong, frozen=frozen)
         else:
-            data = self.engine.run_in_group(step, generators, group, overlong=overlong)
+            data = self.engine.run_in_group(step, generators, group, overlong=overlong,
+                                            frozen=frozen)  # fmt: skip
         self.last = data
         per_agent = {}
         for name, samples in data.samples.items():
             agent = agents[name]
+            if not is_trainable(agent):
+                continue  # a frozen teammate's samples shaped the others' and train nobody
             seed = shuffle_seed(self.engine.schedule.seed, step, rank, name)
             size, pad = agent.micro_batch_size, agent.tokenizer.pad_token_id
             mini = agent.optim_config.mini_batches

@@ -8,15 +8,58 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import move_data_to_device
 
+from mars2.generation.factory import ServedGenerator
+
 
 def team_members(module: Any) -> dict[str, Any]:
-    """The agents a trained module holds: a team's members, or a lone agent itself."""
+    """The agents of a trained module, frozen teammates included, in the configured order: a
+    team's members, or a lone agent itself."""
+    if hasattr(module, "members"):
+        return dict(module.members())
     if hasattr(module, "agents"):
         return dict(module.agents)
     return {module.name: module}
+
+
+def is_trainable(agent: Any) -> bool:
+    """False for a frozen teammate (``trainable: false``), True for every trained agent."""
+    return bool(getattr(agent, "trainable", True))
 
 
 def next_batch(module: pl.LightningModule, dataloader_iter: Iterator[Any]) -> dict[str, Any]:
     """Pull the next step's batch and move its tensors to the module's device."""
     batch, _, _ = next(dataloader_iter)
     return move_data_to_device(batch, module.device)
+
+
+class GeneratorSlot:
+    """The generator an agent (trained or frozen) is served by, attached by the run.
+
+    Needs `name` and `weights_version` on the class it is mixed into.
+    """
+
+    name: str
+    weights_version: int
+    _generator: ServedGenerator | None = None
+
+    @property
+    def has_generator(self) -> bool:
+        return self._generator is not None
+
+    @property
+    def generator(self) -> ServedGenerator:
+        """The generator serving this agent, attached by the run (see mars2.generation.factory)."""
+        if self._generator is None:
+            raise RuntimeError(
+                f"agent {self.name!r} has no generator: a training run's MultiAgentCallback "
+                "attaches them at setup; elsewhere use mars2.generation.factory.build_generators"
+            )
+        return self._generator
+
+    @generator.setter
+    def generator(self, value: Any) -> None:
+        """Attach a generator; a bare backend is taken to serve the current weights."""
+        if value is None or isinstance(value, ServedGenerator):
+            self._generator = value
+        else:
+            self._generator = ServedGenerator(self, value, served_version=self.weights_version)  # type: ignore[arg-type]

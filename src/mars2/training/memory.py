@@ -170,7 +170,11 @@ def estimate_config(cfg: DictConfig) -> MemoryEstimate:
     assert isinstance(agents, dict)
     mixed = "16-mixed" in str(cfg.trainer.get("precision", ""))
     prompt = int(settings["prompt_tokens"])
-    plans = [agent_plan(str(n), a, prompt, mixed) for n, a in agents.items()]
+    # A frozen teammate on a server holds nothing on the trainer's GPUs (only its tokenizer); a
+    # frozen in-process one is planned as if trained (an over-estimate: no gradients or moments).
+    plans = [agent_plan(str(n), a, prompt, mixed) for n, a in agents.items()
+             if a.get("trainable", True) or (a.get("generation") or {}).get("backend")
+             != "vllm_server"]  # fmt: skip
     return estimate(plans, cluster)
 
 

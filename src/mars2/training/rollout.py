@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,8 +112,13 @@ class RolloutEngine:
         rank: int = 0,
         world: int = 1,
         overlong: Mapping[str, LengthTerm] | None = None,
+        frozen: Collection[str] = (),
     ) -> StepData:
         """Grow, score and route the step's trees.
+
+        `frozen` names the members that are never trained: their nodes are in the trees, the
+        shaping and the advantage groups like anyone's, and their samples count in no
+        ``trained_samples``.
 
         `overlong[agent]`, a function of the completion's length in tokens (e.g.
         `mars2.rewards.overlong.OverlongPenalty`), adds a reward term to that agent's samples after
@@ -131,7 +136,7 @@ class RolloutEngine:
         )
         elapsed = time.perf_counter() - began
         samples = route_samples(trees, generators.keys(), self.advantages, overlong)
-        return StepData(step, trees, samples, self._metrics(trees, samples, elapsed))
+        return StepData(step, trees, samples, self._metrics(trees, samples, elapsed, frozen))
 
     def run_in_group(
         self,
@@ -139,6 +144,7 @@ class RolloutEngine:
         generators: Mapping[str, Any],
         group: Any,
         overlong: Mapping[str, Any] | None = None,
+        frozen: Collection[str] = (),
     ) -> StepData:
         """One step for a group of ranks sharing tensor-parallel engines (an `EngineGroup`).
 
@@ -157,7 +163,8 @@ class RolloutEngine:
                 )
             return share
         try:
-            data = self.run(step, generators, group.index, group.count, overlong=overlong)
+            data = self.run(step, generators, group.index, group.count, overlong=overlong,
+                            frozen=frozen)  # fmt: skip
         except BaseException:
             group.release()
             group.scatter([None] * group.size)
@@ -166,7 +173,11 @@ class RolloutEngine:
         return group.scatter([data.share(i, group.size) for i in range(group.size)])
 
     def _metrics(
-        self, trees: list[SearchTree], samples: dict[str, list[Sample]], elapsed: float
+        self,
+        trees: list[SearchTree],
+        samples: dict[str, list[Sample]],
+        elapsed: float,
+        frozen: Collection[str] = (),
     ) -> dict[str, float]:
         nodes = [n for t in trees for n in t.answers()]
         total = max(1, len(nodes))
@@ -178,7 +189,7 @@ class RolloutEngine:
             "generation_seconds": self.search.timings.generation,
             "grading_seconds": self.search.timings.grading,
             "search_bookkeeping_seconds": self.search.timings.bookkeeping,
-            "trained_samples": float(sum(len(v) for v in samples.values())),
+            "trained_samples": float(sum(len(v) for k, v in samples.items() if k not in frozen)),
             # Answers our infrastructure failed to grade (worker lost, sandbox unavailable, host
             # overloaded): left out of the rewards (mars2.rewards.routing.graded_only), counted.
             "infra_errors": float(sum(n.grade.infra_error for n in nodes)),

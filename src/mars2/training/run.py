@@ -23,8 +23,8 @@ from mars2.builders import (
     build_sandbox,
     flat_params,
 )
-from mars2.training.agent_module import AgentModule
 from mars2.training.datamodule import TreeSearchDataModule
+from mars2.training.members import is_trainable
 from mars2.training.memory import apply_allocator_conf, check_memory, trainer_arguments
 from mars2.training.progress import warm_start_bar
 from mars2.training.rollout import RolloutEngine
@@ -55,9 +55,10 @@ for _pattern in (
     warnings.filterwarnings("ignore", message=_pattern)
 
 
-def run_warm_start(cfg: DictConfig, agents: dict[str, AgentModule], logger: Any = None) -> None:
-    """Supervised warm start of every agent on ``data.warm_start`` problems (disjoint from RL);
-    each epoch's loss goes to the run's logger as ``warm_start/<agent>/loss`` (step = epoch, from 1)."""
+def run_warm_start(cfg: DictConfig, agents: dict[str, Any], logger: Any = None) -> None:
+    """Supervised warm start of every trained agent on ``data.warm_start`` problems (disjoint
+    from RL); each epoch's loss goes to the run's logger as ``warm_start/<agent>/loss`` (step =
+    the epoch's number, from 1)."""
     if not cfg.data.get("warm_start"):
         raise ValueError(
             "warm_start is set but the data config has no warm_start problems (try data=arith)"
@@ -65,6 +66,8 @@ def run_warm_start(cfg: DictConfig, agents: dict[str, AgentModule], logger: Any 
     problems = build_problems(cfg, "warm_start")
     settings = WarmStartConfig(**OmegaConf.to_container(cfg.warm_start, resolve=True))  # type: ignore[arg-type]
     for name, agent in agents.items():
+        if not is_trainable(agent):
+            continue  # a frozen teammate keeps its weights
         with warm_start_bar(name, settings.epochs) as show:
             losses = warm_start(agent, problems, settings, on_epoch=_epochs(name, show, logger))
         log.info(
@@ -101,6 +104,7 @@ def warm_start_needed(cfg: DictConfig) -> bool:
     return any(
         float(agent.loss.get("beta", 0.0)) > 0 and agent.model.get("lora") is None
         for agent in cfg.agents.values()
+        if agent.get("trainable", True)
     )
 
 

@@ -10,11 +10,15 @@ import torch
 
 from mars2.training.agent_module import AgentModule, advance_schedule, optimise_agent
 from mars2.training.distributed import agent_step_route, global_counts
-from mars2.training.members import next_batch
+from mars2.training.members import is_trainable, next_batch
 
 
 class MultiAgentModule(pl.LightningModule):
     """One Lightning Trainer drives this module; it holds the agents and steps each one separately.
+
+    Frozen teammates (``trainable: false``, `mars2.training.teammate.FrozenAgent`) are members of
+    the team (`members`: they expand nodes) but not of the module: no optimizer, no loss, nothing
+    of them in the checkpoint; an in-process one's policy follows the team's device.
 
     Manual optimisation: for every agent with samples this step (on any rank) its own optimizer
     takes its steps on its own micro-batches (``optim.ppo_epochs`` x ``optim.mini_batches`` per
@@ -22,22 +26,44 @@ class MultiAgentModule(pl.LightningModule):
     counts team steps, moves on).
     """
 
-    def __init__(self, agents: Mapping[str, AgentModule]) -> None:
+    def __init__(self, agents: Mapping[str, Any]) -> None:
         super().__init__()
         if not agents:
             raise ValueError("a team needs at least one agent")
         for key, agent in agents.items():
             if key != agent.name:
                 raise ValueError(f"agent registered as {key!r} is named {agent.name!r}")
-        self.agents = torch.nn.ModuleDict(dict(agents))
-        self.agent_names = list(agents)
+        trained = {k: a for k, a in agents.items() if is_trainable(a)}
+        self.agents = torch.nn.ModuleDict(trained)
+        self.agent_names = list(trained)
+        # a plain dict: outside the module tree, so out of state_dict, optimizers and DDP
+        self.teammates: dict[str, Any] = {k: a for k, a in agents.items() if not is_trainable(a)}
+        self.member_names = list(agents)  # the configured order (the search's first expansions)
         self.automatic_optimization = False
 
     def agent(self, name: str) -> AgentModule:
-        """The team member called `name`."""
+        """The trained team member called `name`."""
         return cast(AgentModule, self.agents[name])
 
+    def members(self) -> dict[str, Any]:
+        """Every member, trained agents and frozen teammates, in the configured order."""
+        return {n: self.teammates[n] if n in self.teammates else self.agents[n]
+                for n in self.member_names}  # fmt: skip
+
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        # .to(device) and dtype casts of the team reach the frozen in-process policies too
+        super()._apply(fn, *args, **kwargs)
+        for teammate in getattr(self, "teammates", {}).values():
+            if teammate.policy is not None:
+                teammate.policy._apply(fn)
+        return self
+
     def configure_optimizers(self) -> Any:
+        if not self.agent_names:
+            raise ValueError(
+                f"every agent of the team is frozen ({', '.join(self.teammates)}): there is "
+                "nothing to train; set trainable: true for one (mars2-eval evaluates a frozen team)"
+            )
         optimizers, schedulers = [], []
         for name in self.agent_names:
             optimizer, scheduler = self.agent(name).build_optimizer()
@@ -87,6 +113,6 @@ class MultiAgentModule(pl.LightningModule):
         self.log_dict({k: v for k, v in logged.items() if k not in shown}, batch_size=1)
 
     def save_agents(self, directory: str) -> None:
-        """Every agent in Hugging Face format under `directory/<name>`."""
+        """Every trained agent in Hugging Face format under `directory/<name>`."""
         for name in self.agent_names:
             self.agent(name).save_pretrained(f"{directory}/{name}")

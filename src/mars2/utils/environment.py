@@ -1,12 +1,14 @@
 """Checks of what a run needs from this machine and the files it names, made before any model
 loads (the command line runs them before it creates the run folder, once per job of a ``-m``
 sweep): the accelerator a trainer config asks for, the packages of each generation backend, data
-paths that are files, and a `ckpt_path` that is a checkpoint. Each failure is one `ConfigError`
+paths that are files, a `ckpt_path` that is a checkpoint, and an MLflow tracking server that answers. Each failure is one `ConfigError`
 paragraph naming the fix."""
 
 from __future__ import annotations
 
 import importlib.util
+import urllib.error
+import urllib.request
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -71,6 +73,32 @@ def check_logger(cfg: DictConfig) -> None:
         f"the logger {target.rsplit('.', 1)[-1]} ({target}) needs {' or '.join(packages)}, which "
         f"this Python does not have: {install}; or use logger=mlflow (the default), logger=csv "
         "or ~logger."
+    )
+
+
+def check_tracking_server(cfg: DictConfig, timeout: float = 5.0) -> None:
+    """An MLflow `logger.tracking_uri` that is an HTTP server answers its `/health` route.
+
+    Without this, MLflow's client retries a refused connection for minutes inside the first
+    logging call (after the models have loaded) and then fails in a traceback."""
+    logger = cfg.get("logger")
+    uri = str(logger.get("tracking_uri") or "") if isinstance(logger, DictConfig) else ""
+    if not uri.startswith(("http://", "https://")):
+        return
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout):
+            return
+    except urllib.error.HTTPError as error:
+        if error.code < 500:  # it answers (a proxy or an auth layer in front of it): reachable
+            return
+        reason = f"HTTP {error.code}"
+    except (urllib.error.URLError, OSError) as error:
+        reason = str(getattr(error, "reason", error))
+    raise ConfigError(
+        f"the MLflow tracking server logger.tracking_uri={uri} does not answer ({reason}): "
+        "start it (for example `mlflow server --backend-store-uri sqlite:///logs/mlflow/mlflow.db "
+        "--port 5000`), point logger.tracking_uri at one that runs, or drop the override to use "
+        "the local sqlite store under logs/ (or logger=csv)."
     )
 
 
@@ -162,5 +190,6 @@ def check_environment(cfg: DictConfig, task: str) -> Any:
         check_accelerator(cfg)
     check_backends(cfg)
     check_logger(cfg)
+    check_tracking_server(cfg)
     check_data_files(cfg, ("train", "warm_start") if task == "train" else ("eval",))
     return check_checkpoint(cfg, task)

@@ -273,27 +273,10 @@ def mark_stale_runs(client: Any, experiment_id: str | None, keep: str | None = N
 def tracked(logger: Any) -> Iterator[None]:
     """Run a block outside Lightning (evaluation) so the logger's run ends FINISHED, FAILED, or
     KILLED (SIGTERM is turned into SystemExit so the run is closed before the process exits)."""
-
-    def on_term(signum: int, frame: Any) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = signal.getsignal(signal.SIGTERM)
-    try:
-        signal.signal(signal.SIGTERM, on_term)
-    except ValueError:  # not the main thread
-        previous = None
-    try:
+    with closed_on_failure(logger):
         yield
-    except BaseException:
-        if logger:
-            logger.finalize("failed")
-        raise
-    else:
-        if logger:
-            logger.finalize("success")
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+    if logger:
+        logger.finalize("success")
 
 
 @contextlib.contextmanager

@@ -229,9 +229,45 @@ def check_pipelined_generation(cfg: DictConfig) -> None:
             raise ConfigError(streaming_tensor_parallel_error(str(name), tp))
 
 
+def frozen_agent_error(name: str, lora: Any) -> str | None:
+    """Why agent `name` cannot be a frozen teammate (``trainable: false``); None when it can."""
+    if lora is not None:
+        return (
+            f"agent {name!r} is frozen (trainable: false) but sets model.lora, which trains a new "
+            "adapter: a frozen agent trains nothing. Drop model.lora; to serve a trained adapter, "
+            "point model.path at the exported agent (<run>/agents/<name>) or serve the merged "
+            "model on a vLLM server (generation.backend=vllm_server)."
+        )
+    return None
+
+
+def check_trainable(cfg: DictConfig, task: str) -> None:
+    """Each agent's ``trainable`` is a boolean; a frozen agent trains nothing it is configured to
+    train; a training run has at least one agent to train."""
+    frozen = []
+    for name, agent in (cfg.get("agents") or {}).items():
+        trainable = agent.get("trainable", True)
+        if not isinstance(trainable, bool):
+            raise ConfigError(f"agents.{name}.trainable={trainable!r}: use true or false.")
+        if trainable:
+            continue
+        frozen.append(str(name))
+        error = frozen_agent_error(str(name), (agent.get("model") or {}).get("lora"))
+        if error is not None:
+            raise ConfigError(error)
+    agents = list(cfg.get("agents") or {})
+    if task == "train" and agents and len(frozen) == len(agents):
+        raise ConfigError(
+            f"every agent is frozen (trainable: false: {', '.join(frozen)}): a training run needs "
+            "at least one agent to train. Set agents.<name>.trainable=true for one, or evaluate "
+            "the frozen team with mars2-eval."
+        )
+
+
 def validate_train_config(cfg: DictConfig) -> None:
     """Everything a training run can check before it loads a model (the problem sets load here)."""
     check_blocks(cfg, "train")
+    check_trainable(cfg, "train")
     check_run_settings(cfg)
     check_pipelined_generation(cfg)
     problems = load_problem_set(cfg, "train")
@@ -248,6 +284,7 @@ def validate_train_config(cfg: DictConfig) -> None:
 def validate_eval_config(cfg: DictConfig) -> list[Any]:
     """Everything an evaluation can check before it loads a model; returns its problems."""
     check_blocks(cfg, "eval")
+    check_trainable(cfg, "eval")
     if cfg.get("ckpt_path") and not Path(str(cfg.ckpt_path)).is_file():
         raise ConfigError(
             f"ckpt_path={cfg.ckpt_path} does not exist; training writes checkpoints to "
