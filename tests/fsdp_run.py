@@ -11,9 +11,9 @@ import hashlib
 import sys
 from pathlib import Path
 
-import hydra
 from hydra import compose, initialize_config_dir
 
+from mars2.builders import build_problems
 from mars2.generation.transformers_backend import ScriptedGenerator
 from mars2.training.run import build_run
 
@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 def main(overrides: list[str]) -> None:
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides)
-    problems = hydra.utils.instantiate(cfg.data.train, _convert_="all")
+    problems = build_problems(cfg, "train")
     reference = {p.statement: p.metadata["reference_solution"] for p in problems}
 
     def answer(chat: list[dict[str, str]]) -> str:

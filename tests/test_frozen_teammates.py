@@ -127,8 +127,9 @@ def test_an_in_process_frozen_teammate_expands_nodes_shapes_the_others_and_never
                       "callbacks.checkpoint.every_n_train_steps=1")  # fmt: skip
     _, resumed, _ = _train(cfg)
     assert resumed.last.step == 1
-    original = load_trees(first / "trees" / "step_000001_rank0.jsonl")
-    again_trees = load_trees(second / "trees" / "step_000001_rank0.jsonl")
+    assert resumed.last.number == 2 and not (second / "trees" / "step_000001_rank0.jsonl").exists()
+    original = load_trees(first / "trees" / "step_000002_rank0.jsonl")
+    again_trees = load_trees(second / "trees" / "step_000002_rank0.jsonl")
     assert [[(n.agent, n.completion) for n in t.answers()] for t in again_trees] == [
         [(n.agent, n.completion) for n in t.answers()] for t in original
     ]

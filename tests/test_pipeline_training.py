@@ -21,9 +21,9 @@ def test_pipelined_resume_reproduces_the_next_batch(tmp_path: Path, tiny_models_
     second = tmp_path / "second"
     _, datamodule = _resume_run(second, tiny_models_dir, *PIPELINED, f"ckpt_path={checkpoint}")
     assert datamodule.last.step == 1
-    assert not (second / "trees" / "step_000000_rank0.jsonl").exists()  # step 0 was not redone
-    original = load_trees(first / "trees" / "step_000001_rank0.jsonl")
-    resumed = load_trees(second / "trees" / "step_000001_rank0.jsonl")
+    assert not (second / "trees" / "step_000001_rank0.jsonl").exists()  # step 1 was not redone
+    original = load_trees(first / "trees" / "step_000002_rank0.jsonl")
+    resumed = load_trees(second / "trees" / "step_000002_rank0.jsonl")
     assert [t.problem.id for t in resumed] == [t.problem.id for t in original]
     for old, new in zip(original, resumed, strict=True):
         # Same answers by the same agents under the same parents: the same tree, node for node.

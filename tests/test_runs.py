@@ -164,8 +164,8 @@ def test_killed_run_resumes_into_the_same_folder_and_mlflow_run(
     assert resumed.data.tags["mars2.resumes"] == "1"
     assert resumed.data.tags["mars2.attempt_0_ended"] == "KILLED"
     history = client.get_metric_history(run.info.run_id, "reward")
-    assert sorted(p.step for p in history) == [0, 1, 2, 3, 4, 5]  # every step, once
-    for step in range(6):
+    assert sorted(p.step for p in history) == [1, 2, 3, 4, 5, 6]  # every step, once
+    for step in range(1, 7):
         assert (folder / "trees" / f"step_{step:06d}_rank0.jsonl").exists()
     assert (folder / "overview.png").exists()
     # Running means continue across the resume: the last one averages all six steps.
@@ -217,8 +217,8 @@ def test_ctrl_c_before_the_first_checkpoint_then_resume_continues_that_run(
     deadline = time.monotonic() + 400
     try:
         while time.monotonic() < deadline and first.poll() is None:
-            if list(runs_root.glob("2*/trees/step_000002_rank0.jsonl")):
-                break  # step 2 is done: step 3 is running
+            if list(runs_root.glob("2*/trees/step_000003_rank0.jsonl")):
+                break  # step 3 is done: step 4 is running
             time.sleep(0.05)
         assert first.poll() is None, first.communicate()[0][-3000:]
         os.killpg(first.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group
@@ -242,15 +242,15 @@ def test_ctrl_c_before_the_first_checkpoint_then_resume_continues_that_run(
     assert (older / "checkpoints" / "last.ckpt").read_bytes() == b"not this one"
     final = torch.load(folder / "checkpoints" / "last.ckpt", weights_only=False)
     assert final["global_step"] == 10  # the end, not the last every-5-steps checkpoint
-    for step in range(10):
+    for step in range(1, 11):
         assert (folder / "trees" / f"step_{step:06d}_rank0.jsonl").exists()
     client, (run,) = _mlflow_runs(logs)
     assert run.info.run_name == f"train/tiny_pair/{folder.name}"
     assert run.info.status == "FINISHED" and run.data.tags["mars2.resumes"] == "1"
     history = client.get_metric_history(run.info.run_id, "reward")
-    assert sorted(p.step for p in history) == list(range(10))  # every step once, in place
+    assert sorted(p.step for p in history) == list(range(1, 11))  # every step once, in place
     warm = client.get_metric_history(run.info.run_id, "warm_start/tiny_qwen3/loss")
-    assert sorted(p.step for p in warm) == [0, 1]  # the warm start's loss per epoch
+    assert sorted(p.step for p in warm) == [1, 2]  # the warm start's loss per epoch
     output = second.stdout + second.stderr
     assert second.stdout.startswith(f"Run folder: {folder}")
     assert f"{folder / 'checkpoints' / 'last.ckpt'} (step 10)" in second.stdout
@@ -688,3 +688,49 @@ def test_a_finished_run_shows_a_short_table() -> None:
         "  solve_rate       0.2500",
         "  tiny_qwen3/loss  0.1250",
     ]
+
+
+_SWEEP_NAMES = """
+import hydra
+
+from mars2.cli import CONFIG_PATH
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="train")
+def main(cfg) -> None:  # each job of the sweep: the MLflow run name its logger would take
+    print("RUN_NAME", hydra.utils.instantiate(cfg.logger)._run_name, flush=True)
+
+
+main()
+"""
+
+
+def _sweep_run_names(tmp_path: Path, *overrides: str) -> list[str]:
+    """The run names of a real ``-m`` sweep's jobs (Hydra's basic launcher, mars2's logger
+    config; no job trains)."""
+    script = tmp_path / "names.py"
+    script.write_text(_SWEEP_NAMES)
+    done = subprocess.run(
+        [sys.executable, str(script), "-m", f"paths.log_dir={tmp_path}/logs", *overrides],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [
+        line.split(" ", 1)[1] for line in done.stdout.splitlines() if line.startswith("RUN_NAME ")
+    ]
+
+
+@pytest.mark.slow
+def test_each_job_of_a_sweep_gets_its_own_run_name(tmp_path: Path) -> None:
+    """Named by their overrides; still distinct when the overrides are long (MLflow keeps 250
+    characters of a name) or Hydra's override_dirname leaves the swept key out."""
+    names = _sweep_run_names(tmp_path, "experiment=tiny_pair", "seed=1,2")
+    assert len(names) == 2 and names[0].startswith("train/tiny_pair/"), names
+    assert names[0].endswith("seed=1") and names[1].endswith("seed=2")
+    long = "x" * 300
+    names = _sweep_run_names(
+        tmp_path, "seed=1,2", f"+tag={long}_a,{long}_b",
+        "hydra.job.config.override_dirname.exclude_keys=[seed]",
+    )  # fmt: skip
+    assert len(names) == 4 and len(set(names)) == 4, names
+    assert all(len(name) <= 250 for name in names)

@@ -188,6 +188,42 @@ def test_generator_spreads_a_steps_requests_over_its_servers_and_streams_them() 
             s.shutdown()
 
 
+def test_server_generator_marks_prompts_cut_to_the_cap(tiny_models_dir: Path) -> None:
+    """Blocking and streamed requests both carry `Completion.prompt_cut` (the step's count)."""
+    from mars2.generation.prompt import CUTTABLE
+    from mars2.models.loading import load_tokenizer
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Fake)
+    server.seen = []  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    urls = [f"http://127.0.0.1:{server.server_port}"]
+    config = GenerationConfig(backend="vllm_server", max_new_tokens=2, max_prompt_tokens=400)
+    tokenizer = load_tokenizer(str(tiny_models_dir / "tiny_qwen3"))
+    gen = VLLMServerGenerator(
+        "a", tokenizer, config, urls, check_server_config("a", {"urls": urls})
+    )
+    code = "".join(f"y{i} = {i}\n" for i in range(300))
+    chats = [[{"role": "user", "content": f"Fix:\n{code}", CUTTABLE: code}],
+             [{"role": "user", "content": "Write a program."}]]  # fmt: skip
+    try:
+        cut, whole = gen.generate(chats)
+        assert cut.prompt_cut and len(cut.prompt_token_ids) <= 400 and not whole.prompt_cut
+        done: dict[int, Any] = {}
+        event = threading.Event()
+
+        def report(i: int, c: Any) -> None:
+            done[i] = c
+            if len(done) == 2:
+                event.set()
+
+        gen.submit(chats, report)
+        assert event.wait(30)
+        assert done[0].prompt_cut and not done[1].prompt_cut
+    finally:
+        gen.close()
+        server.shutdown()
+
+
 FAKE_SERVER = textwrap.dedent("""
     import os, subprocess, sys, time
     from http.server import BaseHTTPRequestHandler, HTTPServer

@@ -192,7 +192,7 @@ def test_fsdp_run_checkpoints_sharded_and_resumes(tmp_path: Path, tiny_models_di
              if k.startswith("state_dict.agents.tiny_llama.")]  # fmt: skip
     assert saved and all("lora_" in k for k in saved)  # the adapters, not the frozen base
     _train(resumed, tiny_models_dir, "steps=2", f"ckpt_path={checkpoint}", LORA)
-    assert not (resumed / "trees" / "step_000000_rank0.jsonl").exists()  # step 0 was not redone
+    assert not (resumed / "trees" / "step_000001_rank0.jsonl").exists()  # step 1 was not redone
     first, second = _final_weights(whole), _final_weights(resumed)
     initial = load_file(tiny_models_dir / "tiny_qwen3" / "model.safetensors")
     assert any(not torch.equal(initial[k], first["tiny_qwen3"][k]) for k in initial)  # it trained

@@ -196,9 +196,9 @@ def test_resume_reproduces_the_next_batch(tmp_path: Path, tiny_models_dir: Path)
     # The LR schedules came back with the checkpoint: two team steps, one of them before it.
     for config in datamodule.trainer.lr_scheduler_configs:
         assert config.scheduler.last_epoch == 2
-    assert not (second / "trees" / "step_000000_rank0.jsonl").exists()  # step 0 was not redone
-    original = load_trees(first / "trees" / "step_000001_rank0.jsonl")
-    resumed = load_trees(second / "trees" / "step_000001_rank0.jsonl")
+    assert not (second / "trees" / "step_000001_rank0.jsonl").exists()  # step 1 was not redone
+    original = load_trees(first / "trees" / "step_000002_rank0.jsonl")
+    resumed = load_trees(second / "trees" / "step_000002_rank0.jsonl")
     assert [t.problem.id for t in resumed] == [t.problem.id for t in original]
     assert [[n.completion for n in t.answers()] for t in resumed] == [
         [n.completion for n in t.answers()] for t in original
@@ -220,12 +220,12 @@ def test_ddp_on_two_cpu_processes_runs_two_steps(tmp_path: Path, tiny_models_dir
         command, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    for step in (0, 1):
+    for step in (1, 2):
         for rank in (0, 1):
             trees = load_trees(tmp_path / "trees" / f"step_{step:06d}_rank{rank}.jsonl")
             assert len(trees) == 2
-    rank0 = {t.problem.id for t in load_trees(tmp_path / "trees" / "step_000000_rank0.jsonl")}
-    rank1 = {t.problem.id for t in load_trees(tmp_path / "trees" / "step_000000_rank1.jsonl")}
+    rank0 = {t.problem.id for t in load_trees(tmp_path / "trees" / "step_000001_rank0.jsonl")}
+    rank1 = {t.problem.id for t in load_trees(tmp_path / "trees" / "step_000001_rank1.jsonl")}
     assert not rank0 & rank1  # each rank grew its own slice of the step's problems
     assert (tmp_path / "agents" / "tiny_qwen3" / "config.json").exists()
 

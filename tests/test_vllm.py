@@ -120,6 +120,30 @@ def test_streaming_generator_hands_back_every_request_once_with_the_trainers_log
     assert [len(c.token_ids) for c in generator.generate(CHATS)] == [12, 12]  # blocking, in order
 
 
+def test_a_prompt_cut_to_the_cap_is_marked_by_both_vllm_generators(
+    qwen: tuple[AgentModule, ServedGenerator], pool: EnginePool
+) -> None:
+    """`Completion.prompt_cut`, which each step counts (`<agent>/prompts_cut`), from a real engine
+    fed in one batch and fed request by request."""
+    from mars2.generation.prompt import CUTTABLE
+
+    agent, synchronous = qwen
+    streaming = build_generators({agent.name: agent}, pool, streaming=True)[agent.name]
+    code = "".join(
+        f"y{i} = {i}\n" for i in range(300)
+    )  # about 1,800 tokens: over the engine's 1,024
+    refine = [{"role": "user", "content": f"Fix this:\n{code}", CUTTABLE: code}]
+    for generator in (synchronous, streaming):
+        backend = generator.backend
+        backend.max_prompt_tokens = 400
+        try:
+            cut, whole = generator.generate([refine, CHATS[0]])
+        finally:
+            backend.max_prompt_tokens = None
+        assert cut.prompt_cut and len(cut.prompt_token_ids) <= 400 and cut.token_ids
+        assert not whole.prompt_cut
+
+
 def test_synced_engine_decodes_like_transformers(
     qwen: tuple[AgentModule, ServedGenerator],
 ) -> None:

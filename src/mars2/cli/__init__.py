@@ -41,8 +41,10 @@ def run_command(task: str, hydra_main: Callable[[], Any]) -> None:
     one paragraph and exit status 1 before any folder is made (``--debug``: the traceback)."""
     from mars2.cli.errors import reported, take_debug_flag
     from mars2.cli.preflight import preflight
+    from mars2.utils.logs import quiet_libraries
 
     default_root()
+    quiet_libraries()  # the checks load tokenizers (prompt caps)
     take_debug_flag(sys.argv)
     with reported():
         preflight(task, sys.argv[1:])

@@ -31,6 +31,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from mars2.cli.errors import CommandLineError
 from mars2.utils.runs import RunFolderError, check_eval_folder, eval_record
+from mars2.utils.validation import SPLIT_SETTINGS
 
 CONFIG_MODULE = "mars2.configs"
 # Our groups whose settings are fixed by a class (or, without a `_target_`, by the yaml itself).
@@ -221,10 +222,10 @@ def _composition_error(task: str, overrides: list[str], message: str) -> str:
         if missing is not None:
             return missing
         return f"{key}: {parent or 'the config'} is not a block of settings, so it has no {name!r}."
-    keys, free = _valid_keys(node, top=parent in STRUCTURED or not parent)
+    keys, free = _valid_keys(node, top=parent in STRUCTURED or not parent, path=parent)
     where = parent or "the config"
     near = difflib.get_close_matches(name, sorted(keys), n=1)
-    if near:
+    if near and near[0] != name:
         return (
             f"{key}: {where} has no setting {name!r}; did you mean {_join(parent, near[0])}? "
             f"Its settings: {_listed({k for k in keys if k in node})}."
@@ -289,9 +290,11 @@ def _join(parent: str, key: str) -> str:
     return f"{parent}.{key}" if parent else key
 
 
-def _valid_keys(node: DictConfig, top: bool) -> tuple[set[str], bool]:
-    """The keys `node` may hold, and whether it is free-form (takes any key)."""
+def _valid_keys(node: DictConfig, top: bool, path: str = "") -> tuple[set[str], bool]:
+    """The keys `node` (at `path`) may hold, and whether it is free-form (takes any key)."""
     keys = {str(k) for k in node} - _SPECIAL
+    if re.fullmatch(r"data\.[^.]+", path):  # a data split: mars2's own settings, and the loader's
+        keys |= set(SPLIT_SETTINGS)
     target = node.get("_target_")
     if target is None:
         return keys, not top  # top-level blocks are fixed by their yaml; nested plain ones free
@@ -328,7 +331,7 @@ def check_additions(task: str, overrides: list[str]) -> None:
             depth += 1
         if not isinstance(node, DictConfig) or parts[depth] in node:
             continue  # a new block under an unset (null) setting, or an override of a known one
-        keys, free = _valid_keys(node, top=depth == 0)
+        keys, free = _valid_keys(node, top=depth == 0, path=".".join(parts[:depth]))
         if free or parts[depth] in keys:
             continue
         parent, name = ".".join(parts[:depth]), parts[depth]

@@ -19,6 +19,8 @@ RowParser = Callable[[dict[str, Any], "_RowContext"], Problem]
 # error naming the file and line (the default), or leave it out and say how many were left out.
 BadRows = Literal["error", "skip"]
 log = logging.getLogger(__name__)
+# The metadata key holding a loaded problem's file and line ("path:line").
+ROW = "row"
 # The names of mars2.sandbox.verdict.compare.PROFILE_NAMES (data sits below sandbox, so not imported).
 GRADING_PROFILES = ("lenient", "lcb")
 
@@ -119,6 +121,7 @@ def _load(
             skipped.append(err)
             continue
         seen.add(problem.id)
+        problem.metadata[ROW] = f"{path}:{line_no}"  # where later checks point (prompt lengths)
         problems.append(problem)
         if limit is not None and len(problems) >= limit:
             break

@@ -131,7 +131,7 @@ class HeldOutEvalCallback(pl.Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, *_: Any
     ) -> None:
-        step = run_datamodule(trainer).last.step + 1  # steps completed so far
+        step = run_datamodule(trainer).last.number  # steps completed so far
         if step % self.every == 0:
             self._evaluate(trainer, pl_module, step)
 

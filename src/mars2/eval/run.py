@@ -100,7 +100,9 @@ def check_eval(cfg: DictConfig) -> list[Any]:
     if resolved is not None:  # ckpt_path=<run folder>: its newest checkpoint
         log.info("ckpt_path=%s: evaluating its checkpoint %s", cfg.ckpt_path, resolved)
         cfg.ckpt_path = resolved
-    problems = validate_eval_config(cfg)
+    validate_eval_config(cfg)
+    # Each row's root prompt against each agent's prompt cap (data.eval.too_long).
+    problems = builders.build_problems(cfg, "eval", cfg.eval.get("limit"))
     if uses_reference(cfg):
         try:
             answer_key(problems)

@@ -19,6 +19,7 @@ class Completion:
     logprobs: list[float] | None = None  # per generated token, from the sampling policy
     truncated: bool = False  # hit max_new_tokens without an end-of-sequence token
     weights_version: int | None = None  # the sampler's weights when it was asked (server backends)
+    prompt_cut: bool = False  # the prompt was cut to fit generation.max_prompt_tokens
 
 
 @runtime_checkable

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mars2.generation.base import Messages
+from mars2.generation.base import Completion, Messages
 
 # A message may name the part of its content that can be shortened to fit `max_prompt_tokens`
 # (a refinement prompt's previous code); nothing else of a prompt is ever cut.
@@ -29,14 +29,33 @@ def encode_prompt(
     attempt's code in a refinement prompt), as little as makes it fit; the system prompt, the
     statement and the instructions are never cut. A prompt that cannot fit that way is refused.
     """
+    return encode_prompt_noting_cut(tokenizer, chat, max_prompt_tokens)[0]
+
+
+def encode_prompt_noting_cut(
+    tokenizer: Any, chat: Messages, max_prompt_tokens: int | None = None
+) -> tuple[list[int], bool]:
+    """`encode_prompt`'s ids, and whether the prompt was cut to fit (generators mark their
+    completions with it, `Completion.prompt_cut`, and each step counts them)."""
     ids = _encode(tokenizer, chat)
     if max_prompt_tokens is None or len(ids) <= max_prompt_tokens:
-        return ids
+        return ids, False
+    return _cut(tokenizer, chat, max_prompt_tokens, len(ids)), True
+
+
+def marked(completions: list[Completion], cuts: list[bool]) -> list[Completion]:
+    """`completions`, each marked with whether its prompt was cut (`Completion.prompt_cut`)."""
+    for completion, cut in zip(completions, cuts, strict=True):
+        completion.prompt_cut = cut
+    return completions
+
+
+def _cut(tokenizer: Any, chat: Messages, max_prompt_tokens: int, length: int) -> list[int]:
     where = [
         i for i, m in enumerate(chat) if m.get(CUTTABLE) and m[CUTTABLE] in m.get("content", "")
     ]
     if not where:
-        raise _too_long(len(ids), max_prompt_tokens, cuttable=False)
+        raise _too_long(length, max_prompt_tokens, cuttable=False)
     index = where[-1]
     message = chat[index]
     part, content = message[CUTTABLE], message["content"]
@@ -70,5 +89,6 @@ def _too_long(length: int, limit: int, cuttable: bool) -> ValueError:
     return ValueError(
         f"the prompt takes {length} tokens{how}, over generation.max_prompt_tokens={limit}: the "
         "system prompt, the problem statement and the instructions are never cut. Raise "
-        "max_prompt_tokens or leave out problems this long."
+        "max_prompt_tokens, or leave out problems this long before the run starts with "
+        "too_long=skip on their data split (e.g. data.train.too_long=skip; see docs/data.md)."
     )

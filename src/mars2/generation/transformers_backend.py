@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from mars2.generation.base import Completion, Messages
-from mars2.generation.prompt import encode_prompt
+from mars2.generation.prompt import encode_prompt, encode_prompt_noting_cut, marked
 
 
 class TransformersGenerator:
@@ -66,9 +66,13 @@ class TransformersGenerator:
     def generate(self, chats: Sequence[Messages]) -> list[Completion]:
         out: list[Completion] = []
         for start in range(0, len(chats), self.batch_size):
-            prompts = [self.encode_prompt(c) for c in chats[start : start + self.batch_size]]
+            encoded = [
+                encode_prompt_noting_cut(self.tokenizer, c, self.max_prompt_tokens)
+                for c in chats[start : start + self.batch_size]
+            ]
             with self._lock:
-                out.extend(self._generate_batch(prompts))
+                done = self._generate_batch([ids for ids, _ in encoded])
+            out.extend(marked(done, [cut for _, cut in encoded]))
         return out
 
     def _generate_batch(self, prompts: list[list[int]]) -> list[Completion]:
@@ -128,12 +132,14 @@ class ScriptedGenerator:
     """Replays given answers as if sampled, tokenized with an agent's tokenizer (no log-probs).
 
     For tests that need controlled rewards and for supervised warm starts: `answers(chat)` returns
-    the text to emit for each prompt.
+    the text to emit for each prompt. Prompts are encoded as every generator encodes them (cut to
+    `max_prompt_tokens` where set, and marked when cut).
     """
 
-    def __init__(self, tokenizer: Any, answers: Any) -> None:
+    def __init__(self, tokenizer: Any, answers: Any, max_prompt_tokens: int | None = None) -> None:
         self.tokenizer = tokenizer
         self.answers = answers
+        self.max_prompt_tokens = max_prompt_tokens
         self.weights_version = 0
         self.overlaps_updates = True  # no weights: nothing an update could change under it
 
@@ -144,10 +150,11 @@ class ScriptedGenerator:
         out = []
         for chat in chats:
             text = self.answers(chat)
-            ids = encode_prompt(self.tokenizer, chat)
+            ids, cut = encode_prompt_noting_cut(self.tokenizer, chat, self.max_prompt_tokens)
             tokens = [
                 *self.tokenizer.encode(text, add_special_tokens=False),
                 self.tokenizer.eos_token_id,
             ]
-            out.append(Completion(text=text, prompt_token_ids=ids, token_ids=tokens, logprobs=None))
+            out.append(Completion(text=text, prompt_token_ids=ids, token_ids=tokens,
+                                  logprobs=None, prompt_cut=cut))  # fmt: skip
         return out

@@ -210,7 +210,7 @@ class _Streams:
     max_in_flight: int
     sampling: Any
 
-    encode_prompt: Callable[[Messages], list[int]]  # the synchronous base class's
+    encode_noting_cut: Callable[[Messages], tuple[list[int], bool]]  # the synchronous base's
 
     def _lora(self) -> Any:
         return None
@@ -224,8 +224,8 @@ class _Streams:
         lora = self._lora()
         requests = []
         for index, chat in enumerate(chats):
-            prompt = self.encode_prompt(chat)
-            finish = _handback(index, prompt, done)
+            prompt, cut = self.encode_noting_cut(chat)
+            finish = _handback(index, prompt, cut, done)
             requests.append(_Request(self.llm, prompt, self.sampling, lora, finish))
         self.loop.submit(requests)
 
@@ -252,13 +252,16 @@ class _Streams:
         return [r for r in results if isinstance(r, Completion)]
 
 
-def _handback(index: int, prompt: list[int], done: DoneCallback) -> Callable[[Any], None]:
+def _handback(
+    index: int, prompt: list[int], cut: bool, done: DoneCallback
+) -> Callable[[Any], None]:
     def finish(output: Any) -> None:
         if isinstance(output, BaseException):
             done(index, output)
             return
         try:
             completion = _completion(prompt, output.outputs[0])
+            completion.prompt_cut = cut
         except Exception as error:  # handed to the caller instead of lost on the loop's thread
             done(index, error)
             return

@@ -21,7 +21,7 @@ from typing import Any
 from mars2.generation.base import Completion, Messages
 from mars2.generation.config import GenerationConfig
 from mars2.generation.engine_group import EngineGroup
-from mars2.generation.prompt import encode_prompt
+from mars2.generation.prompt import encode_prompt, encode_prompt_noting_cut, marked
 
 # The LoRA ranks vLLM accepts for max_lora_rank; an adapter of lower rank is served as is.
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -157,11 +157,15 @@ class _EngineRequests:
     def encode_prompt(self, chat: Messages) -> list[int]:
         return encode_prompt(self.tokenizer, chat, self.max_prompt_tokens)
 
+    def encode_noting_cut(self, chat: Messages) -> tuple[list[int], bool]:
+        return encode_prompt_noting_cut(self.tokenizer, chat, self.max_prompt_tokens)
+
     def _generate_batch(self, chats: Sequence[Messages]) -> list[Completion]:
-        prompts = [self.encode_prompt(c) for c in chats]
+        encoded = [self.encode_noting_cut(c) for c in chats]
+        prompts, cuts = [ids for ids, _ in encoded], [cut for _, cut in encoded]
         if self.group is not None:
-            return list(self.group.call(self.key, _group_request(prompts)))
-        return self._generate_ids((prompts, None))
+            return marked(list(self.group.call(self.key, _group_request(prompts))), cuts)
+        return marked(self._generate_ids((prompts, None)), cuts)
 
     def _generate_ids(self, request: tuple[list[list[int]], list[int] | None]) -> list[Completion]:
         raise NotImplementedError

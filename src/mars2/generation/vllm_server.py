@@ -46,7 +46,7 @@ import torch
 
 from mars2.generation.base import Completion, DoneCallback, Messages
 from mars2.generation.config import GenerationConfig
-from mars2.generation.prompt import encode_prompt
+from mars2.generation.prompt import encode_prompt, encode_prompt_noting_cut
 from mars2.generation.weight_transfer import (
     SENDERS,
     ServerError,
@@ -483,7 +483,10 @@ class VLLMServerGenerator:
     def encode_prompt(self, chat: Messages) -> list[int]:
         return encode_prompt(self.tokenizer, chat, self.config.max_prompt_tokens)
 
-    def _one(self, prompt: list[int], seed: int, chat: Messages) -> Completion:
+    def encode_noting_cut(self, chat: Messages) -> tuple[list[int], bool]:
+        return encode_prompt_noting_cut(self.tokenizer, chat, self.config.max_prompt_tokens)
+
+    def _one(self, prompt: list[int], seed: int, chat: Messages, cut: bool = False) -> Completion:
         version = self.weights_version
         url = self.endpoints.acquire()
         chatting = self.api == "chat"
@@ -508,6 +511,7 @@ class VLLMServerGenerator:
                 raise ServerError(f"agent {self.name!r}: a request failed: {err}\n"
                                   f"{self._describe(url)}") from err  # fmt: skip
             completion.weights_version = version
+            completion.prompt_cut = cut and not chatting  # the chat API sent the messages uncut
             return completion
         finally:
             self.endpoints.release(url)
@@ -516,10 +520,10 @@ class VLLMServerGenerator:
         return torch.randint(0, 2**62, (n,)).tolist()
 
     def generate(self, chats: Sequence[Messages]) -> list[Completion]:
-        prompts = [self.encode_prompt(c) for c in chats]
-        futures = [self._pool.submit(self._one, p, s, c)
-                   for p, s, c in zip(prompts, self._seeds(len(prompts)), chats,
-                                      strict=True)]  # fmt: skip
+        encoded = [self.encode_noting_cut(c) for c in chats]
+        futures = [self._pool.submit(self._one, p, s, c, cut)
+                   for (p, cut), s, c in zip(encoded, self._seeds(len(encoded)), chats,
+                                             strict=True)]  # fmt: skip
         errors = []
         results = []
         for future in futures:  # every request finishes (or fails) before the step goes on
@@ -532,10 +536,10 @@ class VLLMServerGenerator:
         return results
 
     def submit(self, chats: Sequence[Messages], done: DoneCallback) -> None:
-        prompts = [self.encode_prompt(c) for c in chats]
-        for index, (prompt, seed, chat) in enumerate(zip(prompts, self._seeds(len(prompts)),
-                                                         chats, strict=True)):  # fmt: skip
-            future = self._pool.submit(self._one, prompt, seed, chat)
+        encoded = [self.encode_noting_cut(c) for c in chats]
+        for index, ((prompt, cut), seed, chat) in enumerate(zip(encoded, self._seeds(len(encoded)),
+                                                                chats, strict=True)):  # fmt: skip
+            future = self._pool.submit(self._one, prompt, seed, chat, cut)
 
             def report(f: Future[Completion], index: int = index) -> None:
                 error = f.exception()

@@ -73,6 +73,14 @@ class PromptBuilder:
         """Ask for a new solution."""
         return self._chat(self.fresh.format(**self._fields(problem)))
 
+    def uncut_messages(self, problem: Problem) -> list[Messages]:
+        """The problem's prompts that `max_prompt_tokens` can never shorten (they hold no code):
+        the fresh one, and the refinement of an answer that had no code."""
+        return [
+            self.fresh_messages(problem),
+            self._chat(self.refine_no_code.format(**self._fields(problem))),
+        ]
+
     def feedback_text(self, node: Node) -> str:
         """What went wrong with `node`, from its public tests only.
 

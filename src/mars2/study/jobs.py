@@ -143,7 +143,7 @@ class StepLog(pl.Callback):
             for agent, rewards in mine.items():
                 variance[agent][group].append(statistics.pvariance(rewards))
         self.steps.append({
-            "step": data.step,
+            "step": data.number,  # as shown and written everywhere (1 for the first)
             "wall_seconds": time.perf_counter() - self._began,
             "agents": {a: {
                 "nodes": dict(nodes[a]),

@@ -133,11 +133,12 @@ class MultiAgentCallback(pl.Callback):
                 if value is not None:
                     running[f"{name}/{key}_running"] = self._running_mean(f"{name}/{key}", value)
         pl_module.log_dict(running, batch_size=1)
-        if self.save_trees_every and data.step % self.save_trees_every == 0:
+        if self.save_trees_every and data.number % self.save_trees_every == 0:
             self._save_trees(trainer, data)
 
     def _save_trees(self, trainer: pl.Trainer, data: Any) -> None:
-        path = self.output_dir / "trees" / f"step_{data.step:06d}_rank{trainer.global_rank}.jsonl"
+        name = f"step_{data.number:06d}_rank{trainer.global_rank}.jsonl"  # as the checkpoint's
+        path = self.output_dir / "trees" / name
         save_trees(data.trees, path)
         log_artifact(trainer, path, "trees")
 

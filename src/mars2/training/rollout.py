@@ -28,12 +28,21 @@ class TreeBundle:
 
 @dataclass
 class StepData:
-    """Everything one step produced before tokenisation."""
+    """Everything one step produced before tokenisation.
+
+    `step` is the step's 0-based index (it seeds the step and picks its problems); `number`, one
+    more, is how the step is shown and written everywhere (docs/running.md, "Step numbers")."""
 
     step: int
     trees: list[SearchTree]
     samples: dict[str, list[Sample]]
     metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def number(self) -> int:
+        """The step's number as shown and written: 1 for the first (tree files, node labels,
+        checkpoints, logged metrics and progress lines all agree)."""
+        return self.step + 1
 
     def share(self, part: int, parts: int) -> StepData:
         """Share `part` of `parts`: every `parts`-th sample of each agent; the trees stay with
@@ -122,8 +131,8 @@ class RolloutEngine:
             int(np.random.default_rng(seed).integers(2**31))
         )  # sampling in generate()
         began = time.perf_counter()
-        trees = self.search.grow(
-            problems, generators, self.grader, np.random.default_rng(seed), step=step
+        trees = self.search.grow(  # nodes carry the step's number (StepData.number)
+            problems, generators, self.grader, np.random.default_rng(seed), step=step + 1
         )
         elapsed = time.perf_counter() - began
         samples = route_samples(trees, generators.keys(), self.advantages, overlong)
@@ -185,6 +194,9 @@ class RolloutEngine:
             # overloaded): left out of the rewards (mars2.rewards.routing.graded_only), counted.
             "infra_errors": float(sum(n.grade.infra_error for n in nodes)),
             "truncated_share": float(np.mean([n.truncated for n in nodes])) if nodes else 0.0,
+            # Prompts cut to fit generation.max_prompt_tokens (a refinement's previous code):
+            # counted, so that a cap too small for the data is never silent.
+            "prompts_cut": float(sum(n.completion.prompt_cut for n in nodes)),
         }
         metrics.update(service_usage(self.search.timings.busy, self.search.timings.span, samples))
         tokens = sum(len(n.completion.token_ids) for n in nodes)
@@ -198,6 +210,7 @@ class RolloutEngine:
             metrics[f"{name}/solve_rate"] = (
                 float(np.mean([n.private_passed for n in mine])) if mine else 0.0
             )
+            metrics[f"{name}/prompts_cut"] = float(sum(n.completion.prompt_cut for n in mine))
             terms = [s.length_term for s in samples[name]]
             metrics[f"{name}/length_term_mean"] = float(np.mean(terms)) if terms else 0.0
         return metrics

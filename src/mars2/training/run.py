@@ -56,8 +56,9 @@ for _pattern in (
 
 
 def run_warm_start(cfg: DictConfig, agents: dict[str, Any], logger: Any = None) -> None:
-    """Supervised warm start of every trained agent on ``data.warm_start`` problems (disjoint from RL);
-    each epoch's loss goes to the run's logger as ``warm_start/<agent>/loss`` (step = epoch)."""
+    """Supervised warm start of every trained agent on ``data.warm_start`` problems (disjoint
+    from RL); each epoch's loss goes to the run's logger as ``warm_start/<agent>/loss`` (step =
+    the epoch's number, from 1)."""
     if not cfg.data.get("warm_start"):
         raise ValueError(
             "warm_start is set but the data config has no warm_start problems (try data=arith)"
@@ -79,8 +80,9 @@ def run_warm_start(cfg: DictConfig, agents: dict[str, Any], logger: Any = None) 
 
 
 def _epochs(name: str, show: Callable[[float], None], logger: Any) -> Callable[[float], None]:
-    """Per-epoch warm-start callback: the progress bar, and the loss to the logger."""
-    count = itertools.count()
+    """Per-epoch warm-start callback: the progress bar, and the loss to the logger (at the epoch's
+    number, 1 for the first, as the progress line shows it)."""
+    count = itertools.count(1)
 
     def on_epoch(loss: float) -> None:
         show(loss)
@@ -188,6 +190,10 @@ def check_train(cfg: DictConfig) -> None:
     check_memory(cfg)  # refuses a GPU run that cannot fit, before anything is loaded
     check_environment(cfg, "train")  # the accelerator, backends, data files, ckpt_path
     validate_train_config(cfg)
+    # Every row's root prompt against each agent's prompt cap (tokenizers only; data.*.too_long).
+    build_problems(cfg, "train")
+    if cfg.get("warm_start"):
+        build_problems(cfg, "warm_start")
 
 
 def train(cfg: DictConfig) -> dict[str, float]:

@@ -104,6 +104,9 @@ class MultiAgentModule(pl.LightningModule):
         self._count_step()
         for key, value in batch.get("metrics", {}).items():
             logged[key] = float(value)
+        # The loggers' x-axis: the step's number (1 for the first), as the progress line, the
+        # tree file and the checkpoint name show it (Lightning would use the 0-based batch count).
+        logged["step"] = float(self.trainer.global_step)
         bar = ("reward", "solve_rate", "generator_busy", "sandbox_busy")
         shown: dict[str, Any] = {k: logged[k] for k in bar if k in logged}
         self.log_dict(shown, prog_bar=True, batch_size=1)

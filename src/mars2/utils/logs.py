@@ -35,6 +35,9 @@ _NOISE = {
     "lightning.pytorch.utilities.rank_zero": ("💡 Tip", *_ACCELERATORS),
     "lightning.fabric.utilities.rank_zero": ("💡 Tip", *_ACCELERATORS),
     "lightning.pytorch.loggers.mlflow": ("Experiment with name",),
+    # The tokenizer's model_max_length is not the run's prompt cap: generation.max_prompt_tokens
+    # is, and rows too long for it are refused or left out before the run (data.*.too_long).
+    "transformers.tokenization_utils_base": ("Token indices sequence length is longer",),
 }
 
 

@@ -63,20 +63,31 @@ def _read_record(run_dir: Path | None, tracking_uri: str | None) -> dict[str, An
     return record if record.get("tracking_uri") == tracking_uri else None
 
 
+# MLflow's SQL stores keep a run's name in a 250-character column.
+MAX_RUN_NAME = 250
+
+
 def _sweep_run_name(name: str | None) -> str | None:
     """A ``-m`` sweep's job gets its overrides in its run name (``.../seed=2,trainer=cpu``): the
-    jobs of one sweep would otherwise share one name."""
+    jobs of one sweep would otherwise share one name. Every override of the job is named (not
+    Hydra's ``override_dirname``, which ``exclude_keys`` may thin out), and a name over
+    `MAX_RUN_NAME` keeps its head and ends with the job's number, so that it stays unique."""
     try:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
         if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
             return name
-        job = HydraConfig.get().job
-        label = job.override_dirname or f"job{job.num}"
+        hydra_cfg = HydraConfig.get()
+        number = hydra_cfg.job.num
+        label = ",".join(sorted(str(o) for o in hydra_cfg.overrides.task)) or f"job{number}"
     except (ImportError, ValueError, AttributeError):
         return name
-    return f"{name}/{label}"[:250] if name else label
+    full = f"{name}/{label}" if name else label
+    if len(full) <= MAX_RUN_NAME:
+        return full
+    tail = f"...#{number}"
+    return full[: MAX_RUN_NAME - len(tail)] + tail
 
 
 class RunTracker(MLFlowLogger):

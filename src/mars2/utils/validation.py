@@ -80,9 +80,16 @@ def load_problem_set(cfg: DictConfig, part: str, limit: int | None = None) -> li
     return list(_LOADED[key])
 
 
+# Settings of a data split that mars2 reads itself (not its loader's arguments): `too_long`, what to
+# do with a row whose root prompt is over an agent's prompt cap (mars2.builders.build_problems).
+SPLIT_SETTINGS = ("too_long",)
+
+
 def _load_problem_set(node: DictConfig, part: str, limit: int | None) -> list[Any]:
+    spec: Any = OmegaConf.to_container(node, resolve=True)
+    loader = {k: v for k, v in spec.items() if k not in SPLIT_SETTINGS}
     try:
-        problems = list(hydra.utils.instantiate(node, _convert_="all"))
+        problems = list(hydra.utils.instantiate(loader, _convert_="all"))
     except InstantiationException as error:  # Hydra wraps what the loader raised
         cause = error.__cause__
         # mars2.data.problem.ProblemFormatError (same layer: not imported): names the file, the
