@@ -432,7 +432,28 @@ def _reference(tmp_root: Path) -> tuple[dict[str, Any], dict[str, Any]]:
             timeout=900,
         )  # fmt: skip
         _REFERENCE["history"], _REFERENCE["state"] = _outcome(logs)
+        print(f"reference run: {what_it_trained(_REFERENCE['history'])}", flush=True)
     return _REFERENCE["history"], _REFERENCE["state"]
+
+
+def what_it_trained(history: dict[str, list[tuple[int, float]]]) -> str:
+    """Which steps moved weights, and where an agent that had trained sat a step out (where a
+    resumed run used to log differently); refuses a reference that never trained."""
+    moved = sorted({s for k, points in history.items() if k.endswith("/grad_norm")
+                    for s, v in points if v > 0})  # fmt: skip
+    if not moved:
+        raise RuntimeError(
+            "the reference run never moved a weight (every reward equal): equal weights after a "
+            "resume would say nothing. Pass a pair that solves some problems with --pair."
+        )
+    idle = []
+    for key, points in history.items():
+        if key.endswith("/stepped"):
+            done = [s for s, v in points if v]
+            idle += [
+                f"{key.split('/')[0]}@{s}" for s, v in points if not v and done and s > done[0]
+            ]
+    return f"weights moved at steps {moved}; idle after training: {sorted(idle) or 'none'}"
 
 
 def _compare(
