@@ -697,11 +697,10 @@ def write_table(path: Path, text: str, seconds: float, args: argparse.Namespace)
     if args.only:  # replace the rerun faults' rows, keep the others and the caption
         fresh = {row.split(" | ")[0]: row for row in text.splitlines() if row.startswith("| ")}
         rows = [fresh.get(row.split(" | ")[0], row) for row in body.strip().splitlines()]
-        rows = [row for row in rows if not row.startswith("_Rerun with --only")]
+        rows = [row for row in rows if not row.startswith("_Rows of ")]
         note = (
-            f"_Rerun with --only {','.join(args.only)} (seed {args.seed}, {args.trainer_trials} "
-            f"trials of each training-run fault, {args.trials} of each cheap one, "
-            f"{seconds:.0f} s)._"
+            f"_Rows of {', '.join(args.only)} rerun alone (`--only`, seed {args.seed}, "
+            f"--trials {args.trials}, --trainer-trials {args.trainer_trials}, {seconds:.0f} s)._"
         )
         caption = next((i for i, row in enumerate(rows) if row.startswith("_Written")), -1)
         rows.insert(caption + 1, note)
