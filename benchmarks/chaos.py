@@ -443,16 +443,34 @@ def mlflow_locked(rng: random.Random, tmp: Path) -> Trial:
 
 TINY = os.environ.get("MARS2_TINY_MODELS", str(REPO / ".cache" / "tiny_models"))
 STEPS = 6
+PAIR: dict[str, str] = {}  # the warm-started pair the trials train (built once, or --pair)
 
 
 def _train_command(logs: Path, *extra: str) -> list[str]:
     return [
         sys.executable, str(REPO / "src/mars2/train.py"), "experiment=tiny_pair", "debug=fast",
-        f"steps={STEPS}", "data=toy", f"paths.log_dir={logs}", f"paths.tiny_models_dir={TINY}",
-        "sandbox.num_workers=1", "advantage.filter_degenerate=false", "problems_per_step=1",
-        "search.config.max_nodes=2", "agents.tiny_qwen3.generation.max_new_tokens=12",
-        "agents.tiny_llama.generation.max_new_tokens=12", *extra,
+        f"steps={STEPS}", "data=arith", f"paths.log_dir={logs}",
+        f"paths.tiny_models_dir={PAIR.get('models', TINY)}", "sandbox.num_workers=1",
+        "advantage.filter_degenerate=false", "problems_per_step=1", "search.config.max_nodes=2",
+        *extra,
     ]  # fmt: skip
+
+
+def warm_pair(tmp_root: Path) -> str:
+    """The tiny pair warm-started once (experiment=tiny_pair's 45 epochs on data.warm_start), as
+    a models folder for the trials: the untrained pair never solves a problem, so every reward is
+    0, no update moves a weight and "equal weights" would say nothing. With this pair the trials'
+    agents solve some problems and train."""
+    if "models" not in PAIR:
+        logs = tmp_root / "warm_pair"
+        subprocess.run(
+            [*_train_command(logs, "steps=1"),
+             "+warm_start={epochs: 45, lr: 2.0e-3, batch_size: 16, target_loss: null}"],
+            cwd=tmp_root, env=_env(), capture_output=True, check=True, timeout=1800,
+        )  # fmt: skip
+        (folder,) = (logs / "train" / "runs" / "tiny_pair").iterdir()
+        PAIR["models"] = str(folder / "agents")
+    return PAIR["models"]
 
 
 def _env() -> dict[str, str]:
@@ -470,8 +488,8 @@ def _outcome(logs: Path) -> tuple[dict[str, list[tuple[int, float]]], dict[str, 
     (run,) = client.search_runs([experiment.experiment_id])
     history = {}
     for key in run.data.metrics:
-        if key.endswith("_seconds") or "seconds" in key or "per_s" in key or "time" in key:
-            continue  # wall-clock figures differ between any two runs
+        if "seconds" in key or "per_s" in key or "time" in key or "busy" in key:
+            continue  # wall-clock figures (and busy fractions of them) differ between any two runs
         history[key] = sorted(
             (int(p.step), float(p.value)) for p in client.get_metric_history(run.info.run_id, key)
         )
@@ -484,6 +502,7 @@ _REFERENCE: dict[str, Any] = {}
 
 
 def _reference(tmp_root: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    warm_pair(tmp_root)
     if not _REFERENCE:
         logs = tmp_root / "reference"
         subprocess.run(
@@ -491,10 +510,34 @@ def _reference(tmp_root: Path) -> tuple[dict[str, Any], dict[str, Any]]:
             timeout=900,
         )  # fmt: skip
         _REFERENCE["history"], _REFERENCE["state"] = _outcome(logs)
+        print(f"reference run: {what_it_trained(_REFERENCE['history'])}", flush=True)
     return _REFERENCE["history"], _REFERENCE["state"]
 
 
-def _compare(logs: Path, reference: tuple[dict[str, Any], dict[str, Any]]) -> tuple[int, int, bool]:
+def what_it_trained(history: dict[str, list[tuple[int, float]]]) -> str:
+    """Which steps moved weights, and where an agent that had trained sat a step out (where a
+    resumed run used to log differently); refuses a reference that never trained."""
+    moved = sorted({s for k, points in history.items() if k.endswith("/grad_norm")
+                    for s, v in points if v > 0})  # fmt: skip
+    if not moved:
+        raise RuntimeError(
+            "the reference run never moved a weight (every reward equal): equal weights after a "
+            "resume would say nothing. Pass a pair that solves some problems with --pair."
+        )
+    idle = []
+    for key, points in history.items():
+        if key.endswith("/stepped"):
+            done = [s for s, v in points if v]
+            idle += [
+                f"{key.split('/')[0]}@{s}" for s, v in points if not v and done and s > done[0]
+            ]
+    return f"weights moved at steps {moved}; idle after training: {sorted(idle) or 'none'}"
+
+
+def _compare(
+    logs: Path, reference: tuple[dict[str, Any], dict[str, Any]]
+) -> tuple[int, int, bool, str]:
+    """(steps lost, steps duplicated, bit-equal, the first difference or "")."""
     import torch
 
     history, state = _outcome(logs)
@@ -502,11 +545,21 @@ def _compare(logs: Path, reference: tuple[dict[str, Any], dict[str, Any]]) -> tu
     steps = [s for s, _ in history.get("reward", [])]
     lost = len(set(range(STEPS)) - set(steps))
     duplicated = len(steps) - len(set(steps))
-    same_weights = state.keys() == ref_state.keys() and all(
-        torch.equal(state[k], ref_state[k]) for k in state
-    )
-    same_metrics = history == ref_history
-    return lost, duplicated, same_weights and same_metrics
+    differ = [k for k in state if k not in ref_state or not torch.equal(state[k], ref_state[k])]
+    differ += [k for k in ref_state if k not in state]
+    firsts = []  # (step, key, this run's value, the reference's)
+    for key in sorted(set(history) | set(ref_history)):
+        mine, theirs = dict(history.get(key, [])), dict(ref_history.get(key, []))
+        at = [s for s in sorted(set(mine) | set(theirs)) if mine.get(s) != theirs.get(s)]
+        if at:
+            firsts.append((at[0], key, mine.get(at[0]), theirs.get(at[0])))
+    first = ""
+    if firsts:
+        step, key, mine_value, their_value = min(firsts, key=lambda item: (item[0], item[1]))
+        first = f"{key} at step {step}: {mine_value} vs {their_value}"
+    elif differ:
+        first = f"weights {differ[0]}"
+    return lost, duplicated, not differ and history == ref_history, first
 
 
 def _interrupted(rng: random.Random, tmp: Path, signum: int) -> Trial:
@@ -559,10 +612,10 @@ def _interrupted(rng: random.Random, tmp: Path, signum: int) -> Trial:
     recover = time.monotonic() - began
     if second.returncode != 0:
         return Trial(survived=False, recover_s=recover, note=note + ": resume failed")
-    lost, duplicated, exact = _compare(logs, reference)
+    lost, duplicated, exact, first = _compare(logs, reference)
     return Trial(
         survived=lost == 0 and duplicated == 0, lost=lost, duplicated=duplicated, exact=exact,
-        recover_s=recover, note=note,
+        recover_s=recover, note=note + (f"; differs: {first}" if first else ""),
     )  # fmt: skip
 
 
@@ -619,10 +672,14 @@ def faults() -> list[Fault]:
     ]
 
 
-def run_all(trials: int, trainer_trials: int, seed: int, quick: bool) -> list[Fault]:
+def run_all(
+    trials: int, trainer_trials: int, seed: int, quick: bool, only: list[str] | None = None
+) -> list[Fault]:
     rng = random.Random(seed)
     root = Path(tempfile.mkdtemp(prefix="mars2-chaos-"))
-    chosen = [f for f in faults() if f.cheap or not quick]
+    chosen = [
+        f for f in faults() if (f.cheap or not quick) and (not only or f.run.__name__ in only)
+    ]
     try:
         for fault in chosen:
             if fault.skip:
@@ -661,7 +718,10 @@ def table(chosen: list[Fault]) -> str:
         exact_text = "n/a" if not exact else ("yes" if all(exact) else f"{sum(exact)}/{len(exact)}")
         recover = sorted(t.recover_s for t in ts)
         median = recover[len(recover) // 2] if recover else 0.0
-        example = next((t.note for t in ts if not t.survived), ts[0].note if ts else "")
+        example = next(
+            (t.note for t in ts if not t.survived),
+            next((t.note for t in ts if t.exact is False), ts[0].note if ts else ""),
+        )
         lines.append(
             f"| {fault.name} | {fault.what} | {len(ts)} | {sum(t.survived for t in ts)} | "
             f"{sum(t.lost for t in ts)} | {sum(t.duplicated for t in ts)} | {exact_text} | "
@@ -680,9 +740,23 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="write the table into this markdown file")
     parser.add_argument("--json", action="store_true", help="print the trials as JSON")
+    names = [f.run.__name__ for f in faults()]
+    parser.add_argument(
+        "--only", type=lambda text: text.split(","), metavar="NAME[,NAME]",
+        help=f"run only these faults ({', '.join(names)}); --out then replaces only their rows",
+    )  # fmt: skip
+    parser.add_argument(
+        "--pair", metavar="DIR", help="a warm-started tiny pair to reuse (a run's agents/ folder); "
+        "by default the training-run faults warm one up first (about 4 CPU-minutes)",
+    )  # fmt: skip
     args = parser.parse_args()
+    unknown = sorted(set(args.only or []) - set(names))
+    if unknown:
+        parser.error(f"--only: no fault named {', '.join(unknown)} (the names: {', '.join(names)})")
+    if args.pair:
+        PAIR["models"] = str(Path(args.pair).resolve())
     began = time.monotonic()
-    chosen = run_all(args.trials, args.trainer_trials, args.seed, args.quick)
+    chosen = run_all(args.trials, args.trainer_trials, args.seed, args.quick, args.only)
     text = table(chosen)
     print(text)
     print(f"chaos: {time.monotonic() - began:.0f} s", flush=True)
@@ -700,16 +774,28 @@ BEGIN, END = "<!-- chaos table: begin -->", "<!-- chaos table: end -->"
 
 
 def write_table(path: Path, text: str, seconds: float, args: argparse.Namespace) -> None:
-    block = (
-        f"{BEGIN}\n_Written by `make chaos` (seed {args.seed}, {args.trials} trials of each cheap "
-        f"fault, {args.trainer_trials} of each training-run fault, {seconds:.0f} s)._\n\n"
-        f"{text}{END}"
-    )
     old = (
         path.read_text(encoding="utf-8") if path.exists() else f"# Reliability\n\n{BEGIN}\n{END}\n"
     )
     head, _, rest = old.partition(BEGIN)
-    _, _, tail = rest.partition(END)
+    body, _, tail = rest.partition(END)
+    if args.only:  # replace the rerun faults' rows, keep the others and the caption
+        fresh = {row.split(" | ")[0]: row for row in text.splitlines() if row.startswith("| ")}
+        rows = [fresh.get(row.split(" | ")[0], row) for row in body.strip().splitlines()]
+        rows = [row for row in rows if not row.startswith("_Rows of ")]
+        note = (
+            f"_Rows of {', '.join(args.only)} rerun alone (`--only`, seed {args.seed}, "
+            f"--trials {args.trials}, --trainer-trials {args.trainer_trials}, {seconds:.0f} s)._"
+        )
+        caption = next((i for i, row in enumerate(rows) if row.startswith("_Written")), -1)
+        rows.insert(caption + 1, note)
+        block = f"{BEGIN}\n" + "\n".join(rows) + f"\n{END}"
+    else:
+        block = (
+            f"{BEGIN}\n_Written by `make chaos` (seed {args.seed}, {args.trials} trials of each "
+            f"cheap fault, {args.trainer_trials} of each training-run fault, {seconds:.0f} s)._\n\n"
+            f"{text}{END}"
+        )
     path.write_text(head + block + tail, encoding="utf-8")
 
 

@@ -33,3 +33,27 @@ def test_chaos_subset(fault, tmp_path: Path) -> None:
         folder.mkdir()
         trial = fault.run(rng, folder)
         assert trial.survived and trial.lost == 0 and trial.duplicated == 0, trial
+
+
+def test_a_rerun_with_only_replaces_only_its_rows(tmp_path: Path) -> None:
+    import argparse
+
+    out = tmp_path / "reliability.md"
+    old = [chaos.Fault(name, "what", chaos.trainer_kill9, trials=[chaos.Trial(True, note=name)])
+           for name in ("alpha", "beta")]  # fmt: skip
+    full = argparse.Namespace(seed=0, trials=10, trainer_trials=1, only=None)
+    out.write_text(
+        "# Reliability\n\nabove\n\n<!-- chaos table: begin -->\n<!-- chaos table: end -->\n\nbelow\n"
+    )
+    chaos.write_table(out, chaos.table(old), 5.0, full)
+    again = [chaos.Fault("beta", "what", chaos.trainer_kill9,
+                         trials=[chaos.Trial(True, exact=True, note="new")] * 3)]  # fmt: skip
+    rerun = argparse.Namespace(seed=1, trials=10, trainer_trials=3, only=["trainer_kill9"])
+    chaos.write_table(out, chaos.table(again), 7.0, rerun)
+    chaos.write_table(out, chaos.table(again), 7.0, rerun)  # twice: one caption line, not two
+    text = out.read_text()
+    assert text.startswith("# Reliability\n\nabove\n") and text.endswith("\n\nbelow\n")
+    rows = [line for line in text.splitlines() if line.startswith(("| alpha", "| beta"))]
+    assert rows[0].startswith("| alpha | what | 1 | 1 |") and rows[0].endswith("| alpha |")
+    assert rows[1].startswith("| beta | what | 3 | 3 |") and rows[1].endswith("| new |")
+    assert text.count("_Written by") == 1 and text.count("rerun alone (`--only`, seed 1") == 1

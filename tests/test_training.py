@@ -208,6 +208,79 @@ def test_resume_reproduces_the_next_batch(tmp_path: Path, tiny_models_dir: Path)
     ]
 
 
+_WALL_CLOCK = ("seconds", "per_s", "busy")  # timings differ between any two runs
+
+
+def _history_and_state(folder: Path) -> tuple[dict[str, list[tuple[int, float]]], dict[str, Any]]:
+    """Every metric's (step, value) points in the run's MLflow run, and its last checkpoint."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{folder}/logs/mlflow/mlflow.db")
+    (run,) = client.search_runs([client.get_experiment_by_name("mars2-train").experiment_id])
+    history = {
+        key: sorted((p.step, p.value) for p in client.get_metric_history(run.info.run_id, key))
+        for key in run.data.metrics
+        if not any(word in key for word in _WALL_CLOCK)
+    }
+    return history, torch.load(folder / "checkpoints" / "last.ckpt", weights_only=False)
+
+
+def _fit(folder: Path, tiny: Path, *overrides: str) -> None:
+    cfg = compose_run(
+        folder, tiny, "logger=mlflow", "callbacks.checkpoint.every_n_train_steps=1",
+        "problems_per_step=1", "search.config.max_nodes=2",
+        *overrides,
+    )  # fmt: skip
+    module, datamodule, trainer, sandbox = build_run(cfg)
+    llama = module.agents["tiny_llama"]
+    llama.generator = ScriptedGenerator(llama.tokenizer, scripted_answer)  # qwen samples for real
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    finally:
+        sandbox.close()
+
+
+def test_resume_at_a_step_boundary_is_bit_exact(tmp_path: Path, tiny_models_dir: Path) -> None:
+    """A run stopped after step k (trainer.max_steps=k) and resumed from its last.ckpt ends with the
+    same metric histories (wall-clock figures aside), weights, optimizer states and datamodule
+    state as the uninterrupted run. k is the first step at which an agent that had trained
+    sits out (its tree is degenerate): Lightning used to log that agent's previous step's values
+    again there, which a run resumed at k never saw."""
+    steps = 5
+    whole = tmp_path / "whole"
+    _fit(whole, tiny_models_dir, f"steps={steps}")
+    history, state = _history_and_state(whole)
+    stepped = {key.split("/")[0]: dict(points) for key, points in history.items()
+               if key.endswith("/stepped")}  # fmt: skip
+    assert set(stepped) == {"tiny_qwen3", "tiny_llama"}
+    idle = [s for s in range(1, steps)
+            if any(v[s] == 0 and any(v[e] for e in range(s)) for v in stepped.values())]  # fmt: skip
+    assert idle, f"no agent sat a step out after training in this run ({stepped}): pick a seed"
+
+    cut = tmp_path / "cut"
+    _fit(cut, tiny_models_dir, f"steps={steps}", f"trainer.max_steps={idle[0]}")
+    assert (
+        torch.load(cut / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == idle[0]
+    )
+    _fit(cut, tiny_models_dir, f"steps={steps}", f"ckpt_path={cut}/checkpoints/last.ckpt")
+    resumed_history, resumed = _history_and_state(cut)
+    assert resumed_history == history
+    for agent, points in stepped.items():  # an agent's losses only at the steps it trained
+        assert [s for s, _ in history[f"{agent}/loss"]] == [s for s, v in points.items() if v]
+    assert resumed["global_step"] == state["global_step"] == steps
+    assert resumed["state_dict"].keys() == state["state_dict"].keys()
+    for key, value in state["state_dict"].items():
+        assert torch.equal(resumed["state_dict"][key], value), key
+    for mine, theirs in zip(resumed["optimizer_states"], state["optimizer_states"], strict=True):
+        assert mine["state"].keys() == theirs["state"].keys()
+        for index, moments in theirs["state"].items():
+            for name, value in moments.items():
+                assert torch.equal(mine["state"][index][name], value), (index, name)
+    assert resumed["TreeSearchDataModule"] == state["TreeSearchDataModule"]
+    norms = [v for key, points in history.items() if key.endswith("/grad_norm") for _, v in points]
+    assert max(norms) > 0  # the agents trained: equal weights mean something
+
+
 def test_ddp_on_two_cpu_processes_runs_two_steps(tmp_path: Path, tiny_models_dir: Path) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MARS2_TINY_MODELS": str(tiny_models_dir)}
     command = [

@@ -17,7 +17,7 @@ from mars2.models.loading import ModelSpec, frozen_copy, load_policy, load_token
 from mars2.rewards.overlong import OverlongPenalty
 from mars2.training.logprobs import chunked_logprobs_and_entropy
 from mars2.training.losses import LossConfig, policy_loss, token_entropy, token_logprobs
-from mars2.training.members import GeneratorSlot, next_batch
+from mars2.training.members import GeneratorSlot, forget_earlier_steps, next_batch
 
 __all__ = ["AgentModule", "GenerationConfig", "OptimConfig", "advance_schedule", "optimise_agent"]
 
@@ -288,6 +288,7 @@ class AgentModule(GeneratorSlot, pl.LightningModule):
     def training_step(self, dataloader_iter: Any) -> None:
         """Single-agent GRPO: train on this agent's part of a tree-search batch."""
         batch = next_batch(self, dataloader_iter)
+        forget_earlier_steps(self)
         samples = batch["agents"].get(self.name, [])
         optimizer = self.optimizers(use_pl_optimizer=False)
         scheduler = self.lr_schedulers()

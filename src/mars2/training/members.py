@@ -63,3 +63,18 @@ class GeneratorSlot:
             self._generator = value
         else:
             self._generator = ServedGenerator(self, value, served_version=self.weights_version)  # type: ignore[arg-type]
+
+
+def forget_earlier_steps(module: pl.LightningModule) -> None:
+    """Make `training_step`'s logged metrics this step's alone (call it before logging any).
+
+    Lightning keeps a value logged in `training_step` until the epoch ends, and a run here is one
+    epoch: an agent that sits a step out would log its previous step's loss, lr, tokens... again
+    at that step, and a run resumed at that step (which never saw the previous one) would not, so
+    the histories of an interrupted and an uninterrupted run would differ. Uses Lightning 2.x's
+    result collection (private); without one (no trainer) there is nothing to forget.
+    """
+    trainer = getattr(module, "_trainer", None)
+    results = getattr(trainer, "_results", None) if trainer is not None else None
+    if results is not None:
+        results.reset(fx="training_step")

@@ -10,7 +10,7 @@ import torch
 
 from mars2.training.agent_module import AgentModule, advance_schedule, optimise_agent
 from mars2.training.distributed import agent_step_route, global_counts
-from mars2.training.members import is_trainable, next_batch
+from mars2.training.members import forget_earlier_steps, is_trainable, next_batch
 
 
 class MultiAgentModule(pl.LightningModule):
@@ -80,6 +80,7 @@ class MultiAgentModule(pl.LightningModule):
 
     def training_step(self, dataloader_iter: Iterator[Any]) -> None:
         batch = next_batch(self, dataloader_iter)
+        forget_earlier_steps(self)
         optimizers: Any = self.optimizers(use_pl_optimizer=False)
         schedulers: Any = self.lr_schedulers()
         if not isinstance(optimizers, list):
