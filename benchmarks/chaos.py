@@ -779,17 +779,27 @@ def write_table(path: Path, text: str, seconds: float, args: argparse.Namespace)
     )
     head, _, rest = old.partition(BEGIN)
     body, _, tail = rest.partition(END)
-    if args.only:  # replace the rerun faults' rows, keep the others and the caption
-        fresh = {row.split(" | ")[0]: row for row in text.splitlines() if row.startswith("| ")}
-        rows = [fresh.get(row.split(" | ")[0], row) for row in body.strip().splitlines()]
-        rows = [row for row in rows if not row.startswith("_Rows of ")]
-        note = (
-            f"_Rows of {', '.join(args.only)} rerun alone (`--only`, seed {args.seed}, "
-            f"--trials {args.trials}, --trainer-trials {args.trainer_trials}, {seconds:.0f} s)._"
+    if args.only:  # replace the rerun faults' rows (add new ones), keep the others and captions
+        lines = body.strip().splitlines()
+        same = (
+            f"_Rows of {', '.join(args.only)} rerun alone"  # a rerun of the same rows: its caption
         )
-        caption = next((i for i, row in enumerate(rows) if row.startswith("_Written")), -1)
-        rows.insert(caption + 1, note)
-        block = f"{BEGIN}\n" + "\n".join(rows) + f"\n{END}"
+        captions = [line for line in lines if line.startswith("_") and not line.startswith(same)]
+        captions.append(
+            f"{same} (`--only`, seed {args.seed}, --trials {args.trials}, "
+            f"--trainer-trials {args.trainer_trials}, {seconds:.0f} s)._"
+        )
+        table_lines = [line for line in text.splitlines() if line.startswith("|")]
+        header, fresh = table_lines[:2], table_lines[2:]
+        rows = {line.split(" | ")[0]: line for line in lines if line.startswith("| ")}
+        rows.pop(header[0].split(" | ")[0], None)
+        rows.update({line.split(" | ")[0]: line for line in fresh})
+        order = [f"| {fault.name}" for fault in faults()]
+        ordered = sorted(rows, key=lambda key: order.index(key) if key in order else len(order))
+        block = (
+            f"{BEGIN}\n" + "\n".join(captions) + "\n\n" + "\n".join(header)
+            + "\n" + "\n".join(rows[key] for key in ordered) + f"\n{END}"
+        )  # fmt: skip
     else:
         block = (
             f"{BEGIN}\n_Written by `make chaos` (seed {args.seed}, {args.trials} trials of each "

@@ -57,3 +57,10 @@ def test_a_rerun_with_only_replaces_only_its_rows(tmp_path: Path) -> None:
     assert rows[0].startswith("| alpha | what | 1 | 1 |") and rows[0].endswith("| alpha |")
     assert rows[1].startswith("| beta | what | 3 | 3 |") and rows[1].endswith("| new |")
     assert text.count("_Written by") == 1 and text.count("rerun alone (`--only`, seed 1") == 1
+    added = [chaos.Fault("gamma", "what", chaos.trainer_kill9, trials=[chaos.Trial(True)])]
+    chaos.write_table(out, chaos.table(added), 1.0, argparse.Namespace(
+        seed=2, trials=10, trainer_trials=1, only=["gamma"]))  # fmt: skip
+    text = out.read_text()  # a fault new to the table gets its row; the other captions stay
+    assert [line.split(" | ")[0] for line in text.splitlines() if line.startswith("| ")][2:] == [
+        "| alpha", "| beta", "| gamma"]  # fmt: skip
+    assert "rerun alone (`--only`, seed 1" in text and "_Rows of gamma rerun alone" in text
