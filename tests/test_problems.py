@@ -127,7 +127,10 @@ def test_native_round_trip_and_duplicate_ids(tmp_path: Path) -> None:
     problems = toy_problems()[:5]
     path = tmp_path / "p.jsonl"
     save_problems_jsonl(problems, path)
-    assert load_problems_jsonl(path) == problems
+    loaded = load_problems_jsonl(path)
+    # Loaders note where each row came from (for the prompt-cap refusal); the rest round-trips.
+    assert [p.metadata.pop("row") for p in loaded] == [f"{path}:{i}" for i in range(1, 6)]
+    assert loaded == problems
     save_problems_jsonl([problems[0], problems[0]], path)
     with pytest.raises(ProblemFormatError, match="duplicate"):
         load_problems_jsonl(path)

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -247,7 +248,18 @@ class _Handed(pl.Callback):
         self.steps.append((data.step, [t.problem.id for t in data.trees], dict(data.metrics)))
 
 
-def _off_policy_run(tmp: Path, tiny: Path, *overrides: str) -> tuple[Any, Any, _Handed]:
+class _SlowUpdate(pl.Callback):
+    """Holds the trainer 2 s before each update, so the next step's rollout (started when the
+    batch was handed over) surely sends requests before the weights change, even on a loaded
+    machine where the rollout thread may otherwise get no CPU until the sync is done."""
+
+    def on_train_batch_start(self, *args: Any) -> None:
+        time.sleep(2.0)
+
+
+def _off_policy_run(
+    tmp: Path, tiny: Path, *overrides: str, slow_update: bool = False
+) -> tuple[Any, Any, _Handed]:
     from mars2.training.run import build_run
 
     cfg = compose_run(tmp, tiny, "logger=none", *OFF_POLICY, *overrides)
@@ -256,6 +268,8 @@ def _off_policy_run(tmp: Path, tiny: Path, *overrides: str) -> tuple[Any, Any, _
     llama.generator = ScriptedGenerator(llama.tokenizer, scripted_answer)  # qwen samples for real
     handed = _Handed()
     trainer.callbacks.append(handed)
+    if slow_update:
+        trainer.callbacks.append(_SlowUpdate())
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
     finally:
@@ -268,7 +282,8 @@ def test_one_step_off_policy_trains_on_samples_at_most_one_update_old(
     tmp_path: Path, tiny_models_dir: Path
 ) -> None:
     module, trainer, handed = _off_policy_run(tmp_path, tiny_models_dir, "steps=3",
-                                              "callbacks.checkpoint=null")  # fmt: skip
+                                              "callbacks.checkpoint=null",
+                                              slow_update=True)  # fmt: skip
     assert [step for step, _, _ in handed.steps] == [0, 1, 2]
     assert module.agents["tiny_qwen3"].off_policy_samples
     for step, _, metrics in handed.steps:

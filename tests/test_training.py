@@ -253,15 +253,14 @@ def test_resume_at_a_step_boundary_is_bit_exact(tmp_path: Path, tiny_models_dir:
     stepped = {key.split("/")[0]: dict(points) for key, points in history.items()
                if key.endswith("/stepped")}  # fmt: skip
     assert set(stepped) == {"tiny_qwen3", "tiny_llama"}
-    idle = [s for s in range(1, steps)
-            if any(v[s] == 0 and any(v[e] for e in range(s)) for v in stepped.values())]  # fmt: skip
+    # Steps are numbered from 1 in the histories: step k is the one after k - 1 done.
+    idle = [k for k in range(2, steps + 1)
+            if any(v[k] == 0 and any(v[e] for e in range(1, k)) for v in stepped.values())]  # fmt: skip
     assert idle, f"no agent sat a step out after training in this run ({stepped}): pick a seed"
 
-    cut = tmp_path / "cut"
-    _fit(cut, tiny_models_dir, f"steps={steps}", f"trainer.max_steps={idle[0]}")
-    assert (
-        torch.load(cut / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == idle[0]
-    )
+    cut, done = tmp_path / "cut", idle[0] - 1  # stop just before the idle step; resume runs it
+    _fit(cut, tiny_models_dir, f"steps={steps}", f"trainer.max_steps={done}")
+    assert torch.load(cut / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == done
     _fit(cut, tiny_models_dir, f"steps={steps}", f"ckpt_path={cut}/checkpoints/last.ckpt")
     resumed_history, resumed = _history_and_state(cut)
     assert resumed_history == history

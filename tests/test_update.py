@@ -218,6 +218,7 @@ class _TinyLM(torch.nn.Module):
 class _LiteAgent:
     """AgentModule's own loss code around `_TinyLM`."""
 
+    off_policy_samples = False  # AgentModule.__init__ sets it; the callback raises it in flight
     compute_loss = AgentModule.compute_loss
     loss_mask = AgentModule.loss_mask
     freeze_rollout = AgentModule.freeze_rollout
