@@ -242,10 +242,15 @@ class _Handed(pl.Callback):
 
     def __init__(self) -> None:
         self.steps: list[tuple[int, list[str], dict[str, float]]] = []
+        self.versions: list[int] = []  # tiny_qwen3's weights version at the start, after each step
 
-    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+    def on_train_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        self.versions.append(int(pl_module.agents["tiny_qwen3"].weights_version))
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, *args: Any) -> None:
         data = trainer.datamodule.last  # type: ignore[attr-defined]
         self.steps.append((data.step, [t.problem.id for t in data.trees], dict(data.metrics)))
+        self.versions.append(int(pl_module.agents["tiny_qwen3"].weights_version))
 
 
 class _SlowUpdate(pl.Callback):
@@ -281,17 +286,19 @@ def _off_policy_run(
 def test_one_step_off_policy_trains_on_samples_at_most_one_update_old(
     tmp_path: Path, tiny_models_dir: Path
 ) -> None:
-    module, trainer, handed = _off_policy_run(tmp_path, tiny_models_dir, "steps=3",
+    module, trainer, handed = _off_policy_run(tmp_path, tiny_models_dir, "steps=4",
                                               "callbacks.checkpoint=null",
                                               slow_update=True)  # fmt: skip
-    assert [step for step, _, _ in handed.steps] == [0, 1, 2]
+    assert [step for step, _, _ in handed.steps] == [0, 1, 2, 3]
     assert module.agents["tiny_qwen3"].off_policy_samples
+    # Step k's rollout ran while the trainer updated on step k - 1: its samples are stale exactly
+    # when that update changed tiny_qwen3 (an agent whose groups were all-equal sits a step out).
+    synced = [after > before for before, after in zip(handed.versions, handed.versions[1:])]
+    assert any(synced[:-1]), f"tiny_qwen3 never trained before the last step: {handed.versions}"
     for step, _, metrics in handed.steps:
         assert 0.0 <= metrics["tiny_qwen3/staleness_mean"] <= 1.0
-        if step == 0:
-            assert metrics["tiny_qwen3/stale_share"] == 0.0  # nothing trained before it
-        else:  # its rollout started while the trainer was still updating on the step before
-            assert metrics["tiny_qwen3/stale_share"] > 0.0
+        expected_stale = step > 0 and synced[step - 1]
+        assert (metrics["tiny_qwen3/stale_share"] > 0.0) == expected_stale, (step, synced)
     trees = load_trees(tmp_path / "trees" / "step_000002_rank0.jsonl")
     versions = {n.completion.weights_version for t in trees for n in t.answers()}
     assert None not in versions and len(versions) >= 1
