@@ -543,7 +543,7 @@ def _compare(
     history, state = _outcome(logs)
     ref_history, ref_state = reference
     steps = [s for s, _ in history.get("reward", [])]
-    lost = len(set(range(STEPS)) - set(steps))
+    lost = len(set(range(1, STEPS + 1)) - set(steps))  # logged steps count from 1
     duplicated = len(steps) - len(set(steps))
     differ = [k for k in state if k not in ref_state or not torch.equal(state[k], ref_state[k])]
     differ += [k for k in ref_state if k not in state]
