@@ -291,14 +291,18 @@ def test_one_step_off_policy_trains_on_samples_at_most_one_update_old(
                                               slow_update=True)  # fmt: skip
     assert [step for step, _, _ in handed.steps] == [0, 1, 2, 3]
     assert module.agents["tiny_qwen3"].off_policy_samples
-    # Step k's rollout ran while the trainer updated on step k - 1: its samples are stale exactly
-    # when that update changed tiny_qwen3 (an agent whose groups were all-equal sits a step out).
+    # Step k's rollout ran while the trainer updated on step k - 1: a sample of it can be stale
+    # only when that update changed tiny_qwen3 (an agent whose groups were all-equal sits a step
+    # out), and never more than one update old. Whether its requests went out before the sync
+    # is timing (on a loaded CPU the search may grade the teammate's answers for longer than the
+    # update takes), so that it does happen is asserted only where it cannot depend on load: the
+    # vLLM server test and the simulated benchmark.
     synced = [after > before for before, after in zip(handed.versions, handed.versions[1:])]
     assert any(synced[:-1]), f"tiny_qwen3 never trained before the last step: {handed.versions}"
     for step, _, metrics in handed.steps:
         assert 0.0 <= metrics["tiny_qwen3/staleness_mean"] <= 1.0
-        expected_stale = step > 0 and synced[step - 1]
-        assert (metrics["tiny_qwen3/stale_share"] > 0.0) == expected_stale, (step, synced)
+        if metrics["tiny_qwen3/stale_share"] > 0.0:
+            assert step > 0 and synced[step - 1], (step, synced)
     trees = load_trees(tmp_path / "trees" / "step_000002_rank0.jsonl")
     versions = {n.completion.weights_version for t in trees for n in t.answers()}
     assert None not in versions and len(versions) >= 1
