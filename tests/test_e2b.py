@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import types
 
@@ -182,3 +183,21 @@ def test_the_fake_sdk_keeps_step_with_the_real_one(fake_sdk) -> None:
     assert {"path", "data"} <= _accepted(Filesystem.write)
     assert _accepted(e2b_sdk.Commands.run) <= _accepted(Commands.run)
     assert _accepted(e2b_sdk.Files.write) <= _accepted(Filesystem.write)
+
+
+def test_the_creation_rate_is_honoured_counting_refused_and_slow_requests(fake_sdk) -> None:
+    # Every other create request is refused (429) or slow: the rate limit counts requests as they
+    # are sent (what E2B counts), so no two arrive closer than 1/rate, refused ones included.
+    faults = iter(["429", "slow", None, "429", None, "slow", None] + [None] * 20)
+    fake_sdk.STATE.create_fault = lambda: next(faults)
+    fake_sdk.STATE.slow_seconds = 0.3
+    with E2BSandbox(
+        api_key="k", max_concurrency=5, max_creates_per_second=10.0, create_jitter=0.0,
+        backoff=0.01, seed=0, sdk=fake_sdk,
+    ) as box:  # fmt: skip
+        results = box.run_batch([Job(ADD, "stdin", TESTS)] * 5)
+    assert all(r.all_passed for r in results)
+    times = sorted(fake_sdk.STATE.request_times)
+    assert len(times) == fake_sdk.STATE.created + 2 >= 5  # the 2 refused requests counted too
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert min(gaps) >= 0.1 - 0.01, gaps  # the event loop may wake a timer a tick early

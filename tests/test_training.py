@@ -396,3 +396,66 @@ def test_without_a_terminal_progress_is_one_line_per_step(caplog) -> None:
         show(0.25)
     epochs = [r.getMessage() for r in caplog.records if "warm start" in r.getMessage()]
     assert len(epochs) == 2 and "epoch 2/2, loss 0.2500" in epochs[1]
+
+
+def _run_in_a_terminal(command: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, str]:
+    """Runs `command` with a pseudo-terminal of 40x160 as its stdin, stdout and stderr (a user's
+    terminal: tqdm draws nothing in a terminal of width 0); returns its exit code and output."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+            os.chdir(cwd)
+            os.execve(command[0], command, env)
+        finally:
+            os._exit(127)
+    output = bytearray()
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        output.extend(chunk)
+    os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), output.decode("utf-8", "replace")
+
+
+def test_in_a_terminal_the_bar_is_drawn_in_place_once_and_logs_get_their_own_lines(
+    tmp_path: Path, tiny_models_dir: Path
+) -> None:
+    """A user's terminal: one training bar, redrawn in place (carriage returns) from `0/2` (never
+    `0/?`), finished before the end-of-run lines and never drawn again below them; every log line
+    (Lightning's `Trainer.fit` stopped, the saved agents) starts a line of its own."""
+    import sys
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TERM": "xterm"}
+    command = [
+        sys.executable, str(Path(__file__).resolve().parents[1] / "src/mars2/train.py"),
+        "experiment=tiny_pair", "debug=fast", "steps=2", "data=toy",
+        f"paths.log_dir={tmp_path / 'logs'}", f"paths.tiny_models_dir={tiny_models_dir}",
+        "sandbox.num_workers=1", "problems_per_step=1", "search.config.max_nodes=2",
+        "agents.tiny_qwen3.generation.max_new_tokens=8",
+        "agents.tiny_llama.generation.max_new_tokens=8",
+    ]  # fmt: skip
+    code, output = _run_in_a_terminal(command, tmp_path, env)
+    assert code == 0, output[-3000:]
+    lines = output.replace("\r\n", "\n").split("\n")
+    bar_lines = [line for line in lines if "Training" in line and "%|" in line]
+    assert len(bar_lines) == 1, lines  # one bar, on one line of the terminal
+    frames = [frame for frame in bar_lines[0].split("\r") if frame]
+    assert len(frames) >= 2, frames  # redrawn in place, not one line per frame
+    assert "0/2" in frames[0] and "/?" not in bar_lines[0], frames[0]
+    assert "2/2" in frames[-1], frames[-1]
+    stopped = next(i for i, line in enumerate(lines) if "`Trainer.fit` stopped" in line)
+    assert lines[stopped].startswith("["), lines[stopped]  # its own line, not glued to the bar
+    assert lines.index(bar_lines[0]) < stopped
+    saved = [line for line in lines if "saved agent" in line]
+    assert len(saved) == 2 and all(line.startswith("[") for line in saved), saved

@@ -34,6 +34,9 @@ class FakeState:
         self.creating = 0  # creates in flight now
         self.peak_creating = 0
         self.create_times: list[float] = []
+        # When each create request arrived (before any injected fault or delay): what a
+        # creation-rate limit counts, refused requests included.
+        self.request_times: list[float] = []
         self.create_options: list[dict[str, Any]] = []
         self.killed = 0
         self.running = 0
@@ -133,6 +136,7 @@ class AsyncSandbox:
         api_key: str,
     ) -> AsyncSandbox:
         """The real SDK's keywords that E2BSandbox uses (tests check them against the SDK)."""
+        STATE.request_times.append(asyncio.get_running_loop().time())
         await _inject(STATE.create_fault)
         STATE.creating += 1
         STATE.peak_creating = max(STATE.peak_creating, STATE.creating)

@@ -13,7 +13,9 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +41,9 @@ def warm_start_bar(agent: str, epochs: int) -> Iterator[Callable[[float], None]]
 
         yield on_line
         return
-    with tqdm(total=epochs, desc=f"warm start {agent}", unit="epoch", dynamic_ncols=True) as bar:
+    bar = tqdm(total=epochs, desc=f"warm start {agent}", unit="epoch", dynamic_ncols=True)
+    # A log line while the bar is up is written above it (not glued to its last frame).
+    with logging_redirect_tqdm(), bar:
 
         def on_epoch(loss: float) -> None:
             bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
@@ -61,6 +65,7 @@ class StepProgressBar(TQDMProgressBar):
         self.lines = not interactive() if lines is None else lines
         super().__init__(*args, **kwargs)
         self._started = time.monotonic()
+        self._redirect: contextlib.ExitStack | None = None
         if self.lines:
             self.disable()
 
@@ -104,21 +109,55 @@ class StepProgressBar(TQDMProgressBar):
             bar.last_print_n = done
         bar.n = done
 
+    def init_train_tqdm(self) -> Tqdm:
+        # Lightning's bar is drawn at creation, before its total is known ("Training 0/?"): this
+        # one is born with its total and label.
+        total = self.total_train_batches
+        return Tqdm(
+            desc=self.LABEL,
+            total=None if total == float("inf") else int(total),
+            position=2 * self.process_position,
+            disable=self.is_disabled,
+            leave=True,
+            dynamic_ncols=True,
+            file=sys.stdout,
+            smoothing=0,
+            bar_format=self.BAR_FORMAT,
+        )
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # A run resumed mid-epoch gets no on_train_epoch_start: the total is set here too.
         self._started = time.monotonic()
+        if not self.lines and self._redirect is None:
+            # Log lines (Lightning's, ours) while the bar is up are written above it, never glued
+            # to its last frame, so the terminal shows the bar once.
+            self._redirect = contextlib.ExitStack()
+            self._redirect.enter_context(logging_redirect_tqdm())
         super().on_train_start(trainer, pl_module)  # with `lines`, the bar is disabled: silent
         self._sync(trainer, start=True)
-        self.train_progress_bar.refresh()
 
     def on_train_epoch_start(self, trainer: pl.Trainer, *args: Any) -> None:
         # Lightning's own would label the bar "Epoch 0" (printing it once) before _sync renames it.
         if self._leave:
             self.train_progress_bar = self.init_train_tqdm()
-        self.train_progress_bar.reset()
-        self.train_progress_bar.initial = 0
         self._sync(trainer, start=True)
         self.train_progress_bar.refresh()
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_end(trainer, pl_module)
+        self._stop_redirect()
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        if not self.lines:
+            self.train_progress_bar.close()
+        self._stop_redirect()
+
+    def _stop_redirect(self) -> None:
+        if self._redirect is not None:
+            self._redirect.close()
+            self._redirect = None
 
     def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
         metrics = super().get_metrics(trainer, pl_module)
@@ -133,4 +172,9 @@ class StepProgressBar(TQDMProgressBar):
         if self.lines:
             log.info("%s", self.step_line(trainer))
             return
-        self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))
+        bar = self.train_progress_bar
+        bar.set_postfix(self.get_metrics(trainer, pl_module))
+        if bar.total is not None and bar.n >= bar.total:
+            # The last step: closed now, its final frame printed once, before the end-of-run
+            # lines (Lightning's close at on_train_end would draw it again below them).
+            bar.close()
