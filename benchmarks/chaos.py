@@ -179,15 +179,15 @@ def e2b_faults(rng: random.Random, tmp: Path) -> Trial:
     # Requests as they arrived: the create times the fake records after an injected slow create
     # or timeout are not when the request was sent, and two of them could sit closer than 1/rate.
     times = sorted(state.request_times)
-    rate_ok = all(b - a >= 1 / 20.0 - 0.01 for a, b in itertools.pairwise(times))
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    rate_ok = all(gap >= 1 / 20.0 - 0.01 for gap in gaps)
     survived = got == clean and state.peak <= 3 and rate_ok
     note = f"{retried} retried, {state.created} created, peak {state.peak}"
     differ = [f"job {i}: {a} -> {b}" for i, (a, b) in enumerate(zip(clean, got)) if a != b]
     if differ:  # which verdicts moved, so a miss can be read off the table
-        note += "; " + "; ".join(str(d) for d in differ)
+        note += "; " + "; ".join(differ)
     if not rate_ok:
-        gap = min(b - a for a, b in itertools.pairwise(times))
-        note += f"; creates {gap:.3f} s apart"
+        note += f"; creates {min(gaps):.3f} s apart"
     return Trial(survived=survived, exact=got == clean, recover_s=elapsed, note=note)
 
 

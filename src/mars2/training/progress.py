@@ -98,11 +98,8 @@ class StepProgressBar(TQDMProgressBar):
         return int(getattr(datamodule, "next_step", 0) or 0)
 
     def _sync(self, trainer: pl.Trainer, start: bool = False) -> None:
+        # The total and label are set where the bar is made (init_train_tqdm); only its count moves.
         bar = self.train_progress_bar
-        total = self.total_train_batches
-        if total != float("inf") and bar.total != total:
-            bar.total = int(total)
-        bar.set_description(self.LABEL, refresh=False)
         done = self._done(trainer)
         if start and done:  # resumed: the bar (and its ETA) starts at the steps already done
             bar.initial = done
@@ -126,7 +123,7 @@ class StepProgressBar(TQDMProgressBar):
         )
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # A run resumed mid-epoch gets no on_train_epoch_start: the total is set here too.
+        # A run resumed mid-epoch gets no on_train_epoch_start: its count is set here too.
         self._started = time.monotonic()
         if not self.lines and self._redirect is None:
             # Log lines (Lightning's, ours) while the bar is up are written above it, never glued
